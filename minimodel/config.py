@@ -1,0 +1,282 @@
+"""Structured experiment configuration.
+
+An experiment YAML names base files from ``conf/`` in a ``defaults:`` list and holds only what
+differs; ``key=value`` overrides come last. Everything is merged into the dataclasses below, so an
+unknown key, a wrong type or a missing required value (``???``) fails at load time, naming the key
+and the file (or override) it came from.
+
+``defaults`` entries look like Hydra's: ``- model: roberta-base`` merges ``conf/model/roberta-base.yaml``
+under the key ``model``; ``- optim@pretrain.optim: pretrain`` merges ``conf/optim/pretrain.yaml``
+under ``pretrain.optim``. Base files may have their own ``defaults``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
+
+from minimodel.model import ModelConfig
+
+SYSTEMS = ("bl_base", "bl_small", "minijoint", "minipost")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message that names the file/key at fault."""
+
+
+@dataclass
+class DataConfig:
+    corpus_dir: str = "data/cc100"  # holds {lang}.txt or {lang}.txt.xz (CC-100 layout)
+    prepared_dir: str = "runs/prepared"  # tokenizers and token shards, shared by every system
+    vocab_size: int = 50_000
+    spm_model_type: str = "unigram"
+    spm_max_sentences: int = 10_000_000  # sentence sampling cap for tokenizer training
+    spm_character_coverage: float = 0.9995
+    shard_bytes: int = 64 * 2**20  # text per shard (documents are never split)
+    encode_threads: int = 2
+    seq_len: int = 512
+    mask_prob: float = 0.15
+    val_blocks: int = 512  # held-out blocks at the end of the token stream
+    num_workers: int = 2
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 7e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    warmup_updates: int = 10_000
+    updates: int = 125_000
+    global_batch: int = 2048  # sequences per optimiser update, across devices and accumulation
+    micro_batch: int = 32  # sequences per device per forward pass
+    grad_clip: float = 1.0  # 0 disables
+
+
+@dataclass
+class TrainerConfig:
+    accelerator: str = "auto"
+    devices: Any = "auto"
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "bf16-mixed"
+    compile: bool = False  # torch.compile the transformer layers
+    ckpt_every: int = 5000  # updates between checkpoints
+    ckpt_steps: list[int] = field(default_factory=list)  # extra early checkpoints
+    val_every: int = 1000  # updates between validations
+    val_batches: int = 0  # 0 = the whole validation split
+    log_every: int = 10
+    seed: int = 1
+    max_minutes: float = 0.0  # stop cleanly (with a checkpoint) after this wall time; 0 = no limit
+    stop_at: int = 0  # stop cleanly (with a checkpoint) at this update and resume later; 0 = run to the end
+
+
+@dataclass
+class StageConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+@dataclass
+class BridgeConfig:
+    depth: int = 4  # N: bottom layers copied from the primary model
+    layers: int = 2  # new layers inserted between layer N and the MLM head
+    source: str = ""  # BL_BASE checkpoint or Hugging Face model dir; "" = this experiment's pretraining
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+@dataclass
+class AdaptConfig:
+    init: str = "overlap"  # overlap: copy embeddings of pieces shared with the source vocabulary
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+@dataclass
+class LoggingConfig:
+    wandb: str = "auto"  # auto (offline unless an API key is configured) | online | offline | disabled
+    project: str = ""  # default: minimodel-{name}
+    entity: str = ""
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "???"
+    system: str = "???"
+    runs_dir: str = "runs"
+    source_lang: str = "en"
+    target_langs: list[str] = field(default_factory=list)
+    lang: str = ""  # target language of one `minimodel adapt` call
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    pretrain: StageConfig = field(default_factory=StageConfig)
+    bridge: BridgeConfig = field(default_factory=BridgeConfig)
+    adapt: AdaptConfig = field(default_factory=AdaptConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.runs_dir) / self.name / self.system
+
+    @property
+    def mini_depth(self) -> int:
+        """Depth of the mini-model: N for MiniJoint, N + bridge layers for MiniPost, else the body."""
+        if self.system == "minijoint":
+            return self.model.mini_heads[0]
+        if self.system == "minipost":
+            return self.bridge.depth + self.bridge.layers
+        return self.model.layers
+
+
+def find_conf_dir(config_file: Path) -> Path:
+    """``conf/`` next to the experiment's folder, or $MINIMODEL_CONF, or ./conf."""
+    candidates = [Path(os.environ["MINIMODEL_CONF"])] if "MINIMODEL_CONF" in os.environ else []
+    candidates += [config_file.resolve().parent.parent / "conf", config_file.resolve().parent, Path.cwd() / "conf"]
+    for c in candidates:
+        if (c / "model").is_dir():
+            return c
+    raise ConfigError(f"{config_file}: cannot find the conf/ directory (looked in {[str(c) for c in candidates]})")
+
+
+def _load_yaml(path: Path) -> DictConfig:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        cfg = OmegaConf.load(path)
+    except Exception as e:  # yaml errors
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(cfg, DictConfig):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return cfg
+
+
+def _compose(path: Path, conf_dir: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, DictConfig]]:
+    """(source, fragment) pairs in merge order: the defaults (recursively), then the file itself.
+
+    In an experiment file ``- group: name`` lands under ``group``; in a base file it lands at that
+    file's own level (``conf/model/roberta-small.yaml`` can start from ``- model: roberta-base``)."""
+    if path in seen:
+        raise ConfigError(f"{path}: defaults loop through {[str(s) for s in seen]}")
+    cfg = _load_yaml(path)
+    parts: list[tuple[str, DictConfig]] = []
+    defaults = cfg.pop("defaults", [])
+    if not isinstance(defaults, (ListConfig, list)):
+        raise ConfigError(f"{path}: 'defaults' must be a list of 'group: name' entries")
+    for entry in defaults:
+        if not isinstance(entry, DictConfig) or len(entry) != 1:
+            raise ConfigError(f"{path}: bad defaults entry {entry!r}; expected 'group: name' or 'group@key.path: name'")
+        (spec, name), = entry.items()
+        group, _, package = str(spec).partition("@")
+        package = package or (group if not seen else "")
+        base = conf_dir / group / f"{name}.yaml"
+        if not base.is_file():
+            options = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+            raise ConfigError(f"{path}: defaults entry '{spec}: {name}': no file {base} (available: {options})")
+        for source, fragment in _compose(base, conf_dir, seen + (path,)):
+            if package:
+                wrapped = OmegaConf.create({})
+                OmegaConf.update(wrapped, package, fragment, force_add=True)
+                fragment = wrapped
+            parts.append((source, fragment))
+    parts.append((str(path), cfg))
+    return parts
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {item!r}: expected key=value (e.g. pretrain.optim.updates=1000)")
+    parsed = OmegaConf.create({"v": value} if value == "" else f"v: {value}")["v"]
+    return key.strip(), parsed
+
+
+def _merge(base: DictConfig, fragment: DictConfig, source: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(base, fragment)  # type: ignore[return-value]
+    except ConfigKeyError as e:
+        raise ConfigError(f"{source}: unknown config key '{e.full_key}'" + _hint(base, str(e.full_key))) from e
+    except ValidationError as e:
+        raise ConfigError(f"{source}: bad value for '{e.full_key}': {str(e.msg).splitlines()[0]}") from e
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{source}: {e}") from e
+
+
+def _hint(cfg: DictConfig, full_key: str) -> str:
+    parent, _, _ = full_key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    if isinstance(node, DictConfig):
+        return f"; valid keys under '{parent or '<top level>'}': {', '.join(str(k) for k in node.keys())}"
+    return ""
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Compose, override, validate. Returns a typed ``ExperimentConfig`` (an OmegaConf-backed object)."""
+    path = Path(path)
+    conf_dir = find_conf_dir(path)
+    cfg: DictConfig = OmegaConf.structured(ExperimentConfig)
+    for source, fragment in _compose(path, conf_dir):
+        cfg = _merge(cfg, fragment, source)
+    for item in overrides or []:
+        key, value = _parse_override(item)
+        fragment = OmegaConf.create({})
+        OmegaConf.update(fragment, key, value, force_add=True)
+        cfg = _merge(cfg, fragment, f"override '{item}'")
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"{path}: missing required value(s) {', '.join(missing)} (set them in the file or as key=value)")
+    try:
+        OmegaConf.resolve(cfg)
+        obj: ExperimentConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    except (MissingMandatoryValue, OmegaConfBaseException) as e:
+        raise ConfigError(f"{path}: {e}") from e
+    except ValueError as e:  # __post_init__ checks (ModelConfig)
+        raise ConfigError(f"{path}: {e}") from e
+    validate(obj, str(path))
+    return obj
+
+
+def validate(cfg: ExperimentConfig, source: str) -> None:
+    def fail(msg: str) -> None:
+        raise ConfigError(f"{source}: {msg}")
+
+    if cfg.system not in SYSTEMS:
+        fail(f"system must be one of {SYSTEMS}, got {cfg.system!r}")
+    if cfg.system == "minijoint" and len(cfg.model.mini_heads) != 1:
+        fail(f"system minijoint needs exactly one secondary head (model.mini_heads: [N]), got {cfg.model.mini_heads}")
+    if cfg.system != "minijoint" and cfg.model.mini_heads:
+        fail(f"model.mini_heads is only for minijoint; system {cfg.system} has {cfg.model.mini_heads}")
+    if cfg.system == "minipost" and not 1 <= cfg.bridge.depth < cfg.model.layers:
+        fail(f"bridge.depth must be in 1..{cfg.model.layers - 1}, got {cfg.bridge.depth}")
+    if cfg.model.max_positions < cfg.data.seq_len + 2:
+        fail(f"model.max_positions ({cfg.model.max_positions}) must be at least data.seq_len + 2 ({cfg.data.seq_len + 2})")
+    if cfg.model.vocab_size != cfg.data.vocab_size:
+        fail(f"model.vocab_size ({cfg.model.vocab_size}) must equal data.vocab_size ({cfg.data.vocab_size})")
+    if not 0.0 < cfg.data.mask_prob < 1.0:
+        fail(f"data.mask_prob must be in (0, 1), got {cfg.data.mask_prob}")
+    if cfg.adapt.init not in ("overlap", "random"):
+        fail(f"adapt.init must be 'overlap' or 'random', got {cfg.adapt.init!r}")
+    if cfg.logging.wandb not in ("auto", "online", "offline", "disabled"):
+        fail(f"logging.wandb must be auto|online|offline|disabled, got {cfg.logging.wandb!r}")
+    for stage in ("pretrain", "bridge", "adapt"):
+        o = getattr(cfg, stage).optim
+        if o.global_batch % o.micro_batch:
+            fail(f"{stage}.optim.global_batch ({o.global_batch}) must be a multiple of micro_batch ({o.micro_batch})")
+        if o.warmup_updates > o.updates:
+            fail(f"{stage}.optim.warmup_updates ({o.warmup_updates}) exceeds updates ({o.updates})")
+
+
+def to_yaml(cfg: ExperimentConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def save_config(cfg: ExperimentConfig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(to_yaml(cfg))
+    os.replace(tmp, path)

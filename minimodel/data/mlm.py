@@ -1,0 +1,165 @@
+"""MLM blocks, dynamic masking and the one LightningDataModule every MLM stage trains on.
+
+Blocks: the token stream is cut into consecutive pieces of ``seq_len - 1`` tokens and ``<s>`` is
+prepended to each (fairseq's ``tokens_per_sample`` with a prepended BOS). The last ``val_blocks``
+blocks are the validation split.
+
+Order and masks are functions of the *global sample position* g = 0, 1, 2, ...: position g reads
+block ``perm_e[g mod n]`` of data epoch ``e = g // n`` and masks it with a generator seeded by
+``(seed, g)``. Nothing depends on worker or process state, so
+
+* a resumed run continues with the exact next batch (the state is just how many samples the
+  optimiser has consumed), and
+* with ``W`` processes each update reads global positions ``[u*G, (u+1)*G)`` split into micro-batches
+  round-robin over ranks: the same samples, with the same masks, as one process at the same global batch.
+"""
+
+from __future__ import annotations
+
+from itertools import count
+from pathlib import Path
+from typing import Iterator
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from minimodel.data.shards import ShardError, TokenStream
+from minimodel.data.tokenizer import BOS, MASK
+from minimodel.model import IGNORE_INDEX
+
+N_SPECIAL = 5  # <s> <pad> </s> <unk> <mask>: never masked, never drawn as random replacements
+
+
+def mask_tokens(
+    tokens: np.ndarray, rng: np.random.Generator, mask_prob: float, vocab_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """BERT masking: choose ``mask_prob`` of the non-special tokens; of those 80% -> <mask>,
+    10% -> a random non-special token, 10% unchanged. Returns (inputs, labels with -100 elsewhere)."""
+    inputs = tokens.copy()
+    labels = np.full_like(tokens, IGNORE_INDEX)
+    candidates = np.flatnonzero(tokens >= N_SPECIAL)
+    n = int(mask_prob * len(candidates) + rng.random())  # probabilistic rounding, as fairseq
+    if n == 0:
+        return inputs, labels
+    chosen = rng.choice(candidates, size=n, replace=False)
+    labels[chosen] = tokens[chosen]
+    u = rng.random(n)
+    inputs[chosen[u < 0.8]] = MASK
+    rand = chosen[(u >= 0.8) & (u < 0.9)]
+    inputs[rand] = rng.integers(N_SPECIAL, vocab_size, size=len(rand))
+    return inputs, labels
+
+
+class BlockDataset(Dataset):
+    """Map-style dataset indexed by global sample position (see the module docstring)."""
+
+    def __init__(self, stream: TokenStream, blocks: np.ndarray, seq_len: int, mask_prob: float,
+                 vocab_size: int, seed: int, shuffle: bool) -> None:
+        self.stream, self.blocks, self.seq_len = stream, blocks, seq_len
+        self.mask_prob, self.vocab_size, self.seed, self.shuffle = mask_prob, vocab_size, seed, shuffle
+        self._perm_epoch, self._perm = -1, blocks
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def block(self, b: int) -> np.ndarray:
+        span = self.seq_len - 1
+        return np.concatenate([[BOS], self.stream.slice(b * span, (b + 1) * span)])
+
+    def block_at(self, g: int) -> int:
+        epoch, i = divmod(g, len(self.blocks))
+        if not self.shuffle:
+            return int(self.blocks[i])
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.blocks)
+            self._perm_epoch = epoch
+        return int(self._perm[i])
+
+    def __getitem__(self, g: int) -> dict[str, torch.Tensor]:
+        tokens = self.block(self.block_at(g))
+        inputs, labels = mask_tokens(tokens, np.random.default_rng([self.seed, 1 + int(self.shuffle), g]),
+                                     self.mask_prob, self.vocab_size)
+        return {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
+
+
+class ResumableSampler(Sampler[int]):
+    """Endless global sample positions for one rank, starting at ``start`` (a multiple of world*micro)."""
+
+    def __init__(self, start: int, micro_batch: int, rank: int, world: int) -> None:
+        if start % (micro_batch * world):
+            raise ValueError(f"start {start} is not a multiple of micro_batch*world ({micro_batch * world})")
+        self.start, self.micro, self.rank, self.world = start, micro_batch, rank, world
+
+    def __iter__(self) -> Iterator[int]:
+        size = self.micro * self.world
+        for r in count(self.start // size):
+            base = r * size + self.rank * self.micro
+            yield from range(base, base + self.micro)
+
+
+class MLMDataModule(L.LightningDataModule):
+    """Train/validation MLM blocks over one prepared corpus; DDP-aware and resumable."""
+
+    def __init__(self, shard_dir: str | Path, seq_len: int, mask_prob: float, vocab_size: int,
+                 micro_batch: int, global_batch: int, val_blocks: int, num_workers: int = 2, seed: int = 1) -> None:
+        super().__init__()
+        self.shard_dir = Path(shard_dir)
+        self.seq_len, self.mask_prob, self.vocab_size = seq_len, mask_prob, vocab_size
+        self.micro_batch, self.global_batch, self.val_blocks = micro_batch, global_batch, val_blocks
+        self.num_workers, self.seed = num_workers, seed
+        self.consumed = 0  # samples consumed by optimiser updates, over all ranks
+        self.train_set: BlockDataset | None = None
+        self.val_set: BlockDataset | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        stream = TokenStream.open(self.shard_dir)
+        if stream.vocab_size != self.vocab_size:
+            raise ShardError(f"shards in {self.shard_dir} were made with a tokenizer of {stream.vocab_size} pieces, "
+                             f"but the model's vocabulary has {self.vocab_size}")
+        n_blocks = len(stream) // (self.seq_len - 1)
+        if n_blocks < 2 * self.val_blocks or n_blocks < 2:
+            raise ShardError(
+                f"{self.shard_dir}: the corpus gives only {n_blocks} blocks of {self.seq_len} tokens, not enough for "
+                f"{self.val_blocks} validation blocks and at least as many training blocks; "
+                f"use a larger corpus or lower data.val_blocks / data.seq_len")
+        blocks = np.arange(n_blocks, dtype=np.int64)
+        common = dict(stream=stream, seq_len=self.seq_len, mask_prob=self.mask_prob,
+                      vocab_size=self.vocab_size, seed=self.seed)
+        self.train_set = BlockDataset(blocks=blocks[: n_blocks - self.val_blocks], shuffle=True, **common)
+        self.val_set = BlockDataset(blocks=blocks[n_blocks - self.val_blocks:], shuffle=False, **common)
+
+    def _rank_world(self) -> tuple[int, int]:
+        if self.trainer is not None:
+            return self.trainer.global_rank, self.trainer.world_size
+        return 0, 1
+
+    def _loader(self, dataset: Dataset, sampler: Sampler | list[int]) -> DataLoader:
+        # a private generator: creating an iterator must not draw from the global RNG (exact resume)
+        return DataLoader(dataset, batch_size=self.micro_batch, sampler=sampler, num_workers=self.num_workers,
+                          pin_memory=torch.cuda.is_available(), persistent_workers=False,
+                          generator=torch.Generator().manual_seed(self.seed),
+                          prefetch_factor=4 if self.num_workers else None)
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup()
+        rank, world = self._rank_world()
+        if self.global_batch % (self.micro_batch * world):
+            raise ValueError(f"global batch {self.global_batch} is not a multiple of micro_batch x devices "
+                             f"({self.micro_batch} x {world})")
+        return self._loader(self.train_set, ResumableSampler(self.consumed, self.micro_batch, rank, world))
+
+    def val_dataloader(self) -> DataLoader:
+        self.setup()
+        rank, world = self._rank_world()
+        return self._loader(self.val_set, list(range(rank, len(self.val_set), world)))
+
+    def state_dict(self) -> dict:
+        consumed = self.trainer.global_step * self.global_batch if self.trainer is not None else self.consumed
+        return {"consumed": int(consumed), "global_batch": self.global_batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.consumed = int(state["consumed"])

@@ -1,0 +1,258 @@
+"""The RoBERTa encoder with masked-LM heads at chosen depths.
+
+One file, no Lightning, no files, no languages. The architecture follows fairseq / Hugging Face
+RoBERTa: learned positions with RoBERTa's padding offset, post-LayerNorm blocks, exact GELU,
+and an MLM head (dense -> GELU -> LayerNorm -> projection tied to the token embeddings + bias).
+
+Heads are data: ``ModelConfig.mini_heads = [4]`` adds a second MLM head after layer 4 (MiniJoint).
+The primary head is always called ``"primary"`` and sits after the last layer; a secondary head
+after layer N is called ``f"l{N}"``. Running a head only computes the layers below it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+PRIMARY = "primary"
+IGNORE_INDEX = -100
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 50_000
+    hidden: int = 768
+    layers: int = 12
+    heads: int = 12
+    ffn: int = 3072
+    max_positions: int = 514  # seq_len + 2: RoBERTa's positions start after the padding index
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+    layer_norm_eps: float = 1e-5
+    pad_id: int = 1
+    mini_heads: list[int] = field(default_factory=list)  # depths of secondary MLM heads
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.hidden % self.heads != 0:
+            raise ValueError(f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})")
+        for name in ("vocab_size", "hidden", "layers", "heads", "ffn", "max_positions"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"model.pad_id ({self.pad_id}) must be a token id below vocab_size ({self.vocab_size})")
+        depths = list(self.mini_heads)
+        if len(set(depths)) != len(depths):
+            raise ValueError(f"model.mini_heads has duplicates: {depths}")
+        for depth in depths:
+            if not 1 <= depth <= self.layers:
+                raise ValueError(f"model.mini_heads: depth {depth} is outside 1..{self.layers} (model.layers)")
+        self.mini_heads = sorted(depths)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def head_names(self) -> list[str]:
+        return [PRIMARY] + [f"l{d}" for d in self.mini_heads]
+
+    def head_depth(self, name: str) -> int:
+        if name == PRIMARY:
+            return self.layers
+        if name.startswith("l") and name[1:].isdigit() and int(name[1:]) in self.mini_heads:
+            return int(name[1:])
+        raise KeyError(f"no MLM head {name!r}; this model has {self.head_names}")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: object) -> "ModelConfig":
+        if name not in PRESETS:
+            raise KeyError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+        return replace(PRESETS[name], **overrides)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "roberta-base": ModelConfig(),
+    "roberta-small": ModelConfig(layers=4),  # BL_SMALL: 4 layers, same width
+    "tiny": ModelConfig(vocab_size=1000, hidden=64, layers=4, heads=4, ffn=128, max_positions=130),
+}
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.pad_id = cfg.pad_id
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.hidden, padding_idx=cfg.pad_id)
+        self.positions = nn.Embedding(cfg.max_positions, cfg.hidden, padding_idx=cfg.pad_id)
+        self.norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        not_pad = input_ids.ne(self.pad_id)
+        positions = torch.cumsum(not_pad, dim=1) * not_pad + self.pad_id  # (B, T): pad -> pad_id
+        x = self.tokens(input_ids) + self.positions(positions)  # (B, T, C)
+        return self.dropout(self.norm(x))
+
+
+class Layer(nn.Module):
+    """Post-LayerNorm transformer block (BERT/RoBERTa)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.heads, self.head_dim = cfg.heads, cfg.head_dim
+        self.attn_dropout = cfg.attn_dropout
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.attn_out = nn.Linear(cfg.hidden, cfg.hidden)
+        self.attn_norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
+        self.ffn_in = nn.Linear(cfg.hidden, cfg.ffn)
+        self.ffn_out = nn.Linear(cfg.ffn, cfg.hidden)
+        self.ffn_norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
+        p = self.attn_dropout if self.training else 0.0
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)  # (B, H, T, D)
+        a = a.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        x = self.attn_norm(x + self.dropout(self.attn_out(a)))
+        return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
+
+
+class MLMHead(nn.Module):
+    """dense -> GELU -> LayerNorm -> projection to the vocabulary (weight tied to the embeddings) + bias."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden, cfg.hidden)
+        self.norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
+        self.decoder = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)  # weight replaced by the tie
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.decoder(self.norm(F.gelu(self.dense(x)))) + self.bias  # (..., V)
+
+
+class ClassificationHead(nn.Module):
+    """RoBERTa's sentence(-pair) classification head over the <s> token."""
+
+    def __init__(self, hidden: int, num_labels: int, dropout: float) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.dropout = nn.Dropout(dropout)
+        self.out = nn.Linear(hidden, num_labels)
+
+    def forward(self, h: Tensor) -> Tensor:
+        x = self.dropout(h[:, 0])  # (B, C)
+        return self.out(self.dropout(torch.tanh(self.dense(x))))  # (B, num_labels)
+
+
+class SpanHead(nn.Module):
+    """Extractive QA head: start and end logits per token."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.out = nn.Linear(hidden, 2)
+
+    def forward(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        start, end = self.out(h).unbind(dim=-1)  # (B, T) each
+        return start, end
+
+
+class RobertaMLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = Embeddings(cfg)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
+        self.heads = nn.ModuleDict({name: MLMHead(cfg) for name in cfg.head_names})
+        self.apply(self._init_weights)
+        self.tie_weights()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.cfg.init_std
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def tie_weights(self) -> None:
+        """The one place where every MLM head's output projection is tied to the token embeddings."""
+        for head in self.heads.values():
+            head.decoder.weight = self.embeddings.tokens.weight
+
+    @property
+    def token_embeddings(self) -> nn.Embedding:
+        return self.embeddings.tokens
+
+    def attention_mask(self, input_ids: Tensor) -> Tensor | None:
+        """Boolean key mask (B, 1, 1, T), or None when nothing is padded (lets SDPA take the fast path)."""
+        not_pad = input_ids.ne(self.cfg.pad_id)
+        if bool(not_pad.all()):
+            return None
+        return not_pad[:, None, None, :]
+
+    def hidden_states(self, input_ids: Tensor, depths: Sequence[int] | None = None) -> dict[int, Tensor]:
+        """Hidden states after each layer in ``depths`` (default: the last layer).
+
+        Layers above ``max(depths)`` are not computed. Depth 0 is the embedding output.
+        """
+        wanted = sorted(set(depths)) if depths is not None else [self.cfg.layers]
+        if not wanted or wanted[0] < 0 or wanted[-1] > self.cfg.layers:
+            raise ValueError(f"depths must lie in 0..{self.cfg.layers}, got {list(depths or [])}")
+        mask = self.attention_mask(input_ids)
+        x = self.embeddings(input_ids)  # (B, T, C)
+        out: dict[int, Tensor] = {0: x} if wanted[0] == 0 else {}
+        for i, layer in enumerate(self.layers[: wanted[-1]], start=1):
+            x = layer(x, mask)
+            if i in wanted:
+                out[i] = x
+        return out
+
+    def encode(self, input_ids: Tensor) -> Tensor:
+        """Last-layer hidden states (B, T, C)."""
+        return self.hidden_states(input_ids)[self.cfg.layers]
+
+    def mlm_logits(self, input_ids: Tensor, masked: Tensor | None = None, head: str = PRIMARY) -> Tensor:
+        """Logits of one head: (N_masked, V) at the positions where ``masked`` is True, else (B, T, V)."""
+        h = self.hidden_states(input_ids, [self.cfg.head_depth(head)])[self.cfg.head_depth(head)]
+        if masked is not None:
+            h = h[masked]  # (N, C): only masked positions reach the head
+        return self.heads[head](h)
+
+    def mlm_losses(self, input_ids: Tensor, labels: Tensor, heads: Sequence[str] | None = None) -> dict[str, Tensor]:
+        """Mean cross-entropy over masked positions (labels != -100) for each head asked for.
+
+        Only the layers up to the deepest head asked for are computed, and only the masked
+        positions are projected onto the vocabulary.
+        """
+        names = list(heads) if heads is not None else self.cfg.head_names
+        depth_of = {name: self.cfg.head_depth(name) for name in names}
+        states = self.hidden_states(input_ids, list(depth_of.values()))
+        masked = labels.ne(IGNORE_INDEX)  # (B, T)
+        targets = labels[masked]  # (N,)
+        losses = {}
+        for name, depth in depth_of.items():
+            logits = self.heads[name](states[depth][masked])  # (N, V)
+            losses[name] = F.cross_entropy(logits.float(), targets)
+        return losses
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        """Unique parameters (the tied projection counts once)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)

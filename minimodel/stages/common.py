@@ -1,0 +1,385 @@
+"""What every training stage shares: optimiser and schedule, checkpoint schedule and atomic writes,
+loggers, progress and FLOP accounting, and the run-or-resume entry point."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import lightning as L
+import torch
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from minimodel.config import ExperimentConfig, OptimConfig, TrainerConfig
+from minimodel.flops import v100_days
+
+DONE = "done.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used, with a message naming the file."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN/inf loss."""
+
+
+# --------------------------------------------------------------------------------------------- optimiser
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig, total_updates: int | None = None,
+                    warmup: int | None = None) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW (all trainable parameters, decoupled weight decay as fairseq) with linear warmup then linear decay."""
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        raise ValueError("nothing to train: no parameter requires a gradient")
+    fused = all(p.is_cuda for p in params)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,  # type: ignore[arg-type]
+                            weight_decay=cfg.weight_decay, fused=fused or None)
+    total = total_updates if total_updates is not None else cfg.updates
+    warm = warmup if warmup is not None else cfg.warmup_updates
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / max(1, warm)
+        return max(0.0, (total - step) / max(1, total - warm))
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def lightning_optim(opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler) -> dict:
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
+
+
+def check_finite(loss: torch.Tensor, step: int, what: str = "loss") -> None:
+    if not bool(torch.isfinite(loss.detach())):
+        raise NonFiniteLossError(
+            f"{what} is {loss.item()} at update {step}: stopping; the last checkpoint written before it is kept "
+            f"(lower the learning rate or check the data, then rerun the same command to resume)")
+
+
+# --------------------------------------------------------------------------------------------- checkpoints
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """torch.save to a temporary file in the same folder, fsync, then rename over the target.
+
+    A crash or a full disk leaves the previous checkpoint untouched and no partial file behind."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_torch_save(checkpoint, path)
+
+    def load_checkpoint(self, path: _PATH, map_location: Any = None, weights_only: bool | None = None) -> dict:
+        return load_checkpoint(Path(path))
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"writing checkpoint {path} failed: {e}; the previous checkpoint is untouched") from e
+
+
+def load_checkpoint(path: Path) -> dict:
+    """torch.load with a clear error for missing, truncated or corrupt files."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # truncated zip, bad pickle, ...
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: {e}); "
+                              f"delete it to fall back to an earlier one") from e
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(f"checkpoint {path} does not hold a checkpoint dictionary")
+    return ckpt
+
+
+class ScheduledCheckpoints(Callback):
+    """``step{N:07d}.ckpt`` every ``every`` updates and at ``extra`` updates, ``last.ckpt`` beside each, and a
+    final one when training ends. Also stops cleanly (checkpoint first) on SIGTERM/SIGUSR1 or a wall-time cap."""
+
+    def __init__(self, dirpath: Path, every: int, extra: Iterable[int] = (), max_minutes: float = 0.0,
+                 stop_at: int = 0) -> None:
+        self.dirpath, self.every, self.extra = Path(dirpath), every, set(extra)
+        self.max_seconds, self.stop_at = max_minutes * 60, stop_at
+        self.started = time.monotonic()
+        self.last_step = -1
+        self.stop_requested: str | None = None
+        self._old_handlers: dict[int, Any] = {}
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.last_step = trainer.global_step
+        if trainer.is_global_zero:
+            self.dirpath.mkdir(parents=True, exist_ok=True)
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            try:
+                self._old_handlers[sig] = signal.signal(sig, self._request_stop)
+            except ValueError:  # not in the main thread
+                pass
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+
+    def _request_stop(self, signum: int, frame: Any) -> None:
+        self.stop_requested = signal.Signals(signum).name
+
+    def save(self, trainer: L.Trainer) -> Path:
+        step = trainer.global_step
+        path = self.dirpath / f"step{step:07d}.ckpt"
+        trainer.save_checkpoint(path)
+        if trainer.is_global_zero:
+            link_or_copy(path, self.dirpath / "last.ckpt")
+        trainer.strategy.barrier()
+        return path
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        step = trainer.global_step
+        if step == self.last_step:  # inside gradient accumulation: not an update boundary
+            return
+        self.last_step = step
+        if step % self.every == 0 or step in self.extra:
+            self.save(trainer)
+        if self.stop_at and step >= self.stop_at:
+            self.stop_requested = self.stop_requested or f"stop_at={self.stop_at}"
+        if self.max_seconds and time.monotonic() - self.started > self.max_seconds:
+            self.stop_requested = self.stop_requested or f"wall-time cap of {self.max_seconds / 60:g} min"
+        if self.stop_requested:
+            if not (self.dirpath / f"step{step:07d}.ckpt").exists():
+                self.save(trainer)
+            trainer.should_stop = True
+
+    def state_dict(self) -> dict:
+        """RNG states travel with the checkpoint so that dropout after a resume continues exactly."""
+        return {"rng": rng_state()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if "rng" in state_dict:
+            set_rng_state(state_dict["rng"])
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.stop_requested:
+            print(f"[minimodel] stopped at update {trainer.global_step} ({self.stop_requested}); "
+                  f"rerun the same command to resume", flush=True)
+        if not (self.dirpath / f"step{trainer.global_step:07d}.ckpt").exists():
+            self.save(trainer)
+
+
+def rng_state() -> dict:
+    import random
+
+    import numpy as np
+
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    import random
+
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+# --------------------------------------------------------------------------------------------- progress
+
+
+class StageProgress(Callback):
+    """Logs, at each update boundary: cumulative FLOPs and V100-days, tokens seen and throughput."""
+
+    def __init__(self, flops_per_update: float, tokens_per_update: int, flops_offset: float = 0.0,
+                 log_every: int = 10) -> None:
+        self.flops_per_update, self.tokens_per_update = flops_per_update, tokens_per_update
+        self.flops_offset, self.log_every = flops_offset, log_every
+        self.last_step, self.t0, self.step0 = -1, 0.0, 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.last_step = self.step0 = trainer.global_step
+        self.t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        step = trainer.global_step
+        if step == self.last_step:
+            return
+        self.last_step = step
+        if step % self.log_every and step != trainer.max_steps:
+            return
+        now = time.perf_counter()
+        flops = self.flops_offset + step * self.flops_per_update
+        metrics = {
+            "flops/cumulative": flops,
+            "flops/v100_days": v100_days(flops),
+            "train/tokens": float(step * self.tokens_per_update),
+            "train/updates": float(step),
+        }
+        if step > self.step0 and now > self.t0:
+            rate = (step - self.step0) * self.tokens_per_update / (now - self.t0)
+            metrics["perf/tokens_per_sec"] = rate
+            metrics["perf/flops_per_sec"] = rate * self.flops_per_update / self.tokens_per_update
+        self.t0, self.step0 = now, step
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
+
+
+# --------------------------------------------------------------------------------------------- loggers
+
+
+def wandb_mode(requested: str) -> str:
+    """auto -> online only when an API key is configured (env or netrc), else offline."""
+    if requested != "auto":
+        return requested
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "online"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    netrc = Path.home() / ".netrc"
+    if netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore"):
+        return "online"
+    return "offline"
+
+
+def make_loggers(cfg: ExperimentConfig, run_dir: Path, run_name: str) -> list[Logger]:
+    loggers: list[Logger] = [CSVLogger(save_dir=str(run_dir), name="", version="")]
+    mode = wandb_mode(cfg.logging.wandb)
+    if mode != "disabled":
+        from lightning.pytorch.loggers import WandbLogger
+
+        id_file = run_dir / "wandb_id.txt"
+        if id_file.exists():
+            run_id = id_file.read_text().strip()
+        else:
+            import uuid
+
+            run_id = uuid.uuid4().hex[:12]
+            id_file.write_text(run_id)
+        loggers.append(WandbLogger(
+            project=cfg.logging.project or f"minimodel-{cfg.name}", entity=cfg.logging.entity or None,
+            group=cfg.system, name=run_name, id=run_id, resume="allow", save_dir=str(run_dir), mode=mode,
+            config={"run_dir": str(run_dir)},
+        ))
+    return loggers
+
+
+# --------------------------------------------------------------------------------------------- run
+
+
+@dataclass
+class StageRun:
+    """Where a stage writes and how it trains."""
+
+    run_dir: Path
+    run_name: str
+    trainer_cfg: TrainerConfig
+    optim_cfg: OptimConfig
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+def accumulation(optim: OptimConfig, world: int) -> int:
+    per_pass = optim.micro_batch * world
+    if optim.global_batch % per_pass:
+        raise ValueError(f"global_batch {optim.global_batch} is not a multiple of micro_batch x devices "
+                         f"({optim.micro_batch} x {world})")
+    return optim.global_batch // per_pass
+
+
+def make_trainer(cfg: ExperimentConfig, run: StageRun, callbacks: list[Callback], world: int = 1,
+                 progress_bar: bool = True) -> L.Trainer:
+    t, o = run.trainer_cfg, run.optim_cfg
+    accum = accumulation(o, world)
+    return L.Trainer(
+        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
+        precision=t.precision, max_steps=o.updates, max_epochs=-1,
+        accumulate_grad_batches=accum, gradient_clip_val=o.grad_clip or None,
+        val_check_interval=t.val_every * accum, check_val_every_n_epoch=None,
+        limit_val_batches=t.val_batches or 1.0, num_sanity_val_steps=0,
+        log_every_n_steps=t.log_every,  # counted in optimiser updates
+        logger=make_loggers(cfg, run.run_dir, run.run_name),
+        callbacks=[*callbacks, TQDMProgressBar(refresh_rate=max(1, accum))] if progress_bar else callbacks,
+        enable_progress_bar=progress_bar, enable_checkpointing=False, enable_model_summary=False,
+        use_distributed_sampler=False, plugins=[AtomicCheckpointIO()], default_root_dir=str(run.run_dir),
+        deterministic=False, benchmark=False,
+    )
+
+
+def world_size(t: TrainerConfig) -> int:
+    """Processes the trainer will run (devices x nodes), without starting anything."""
+    if isinstance(t.devices, int):
+        devices = t.devices
+    elif isinstance(t.devices, (list, tuple)):
+        devices = len(t.devices)
+    elif str(t.devices).isdigit():
+        devices = int(t.devices)
+    else:
+        accel = t.accelerator
+        if accel in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+            devices = torch.cuda.device_count()
+        else:
+            devices = 1
+    return max(1, devices) * t.num_nodes
+
+
+def resume_path(run: StageRun) -> Path | None:
+    last = run.ckpt_dir / "last.ckpt"
+    if not last.exists():
+        return None
+    load_checkpoint(last)  # fail clearly now rather than deep inside Lightning
+    return last
+
+
+def is_done(run_dir: Path) -> bool:
+    return (run_dir / DONE).is_file()
+
+
+def write_done(run_dir: Path, info: dict) -> None:
+    tmp = run_dir / f".{DONE}.tmp"
+    tmp.write_text(json.dumps(info, indent=1, default=str))
+    os.replace(tmp, run_dir / DONE)
+
+
+def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule, run: StageRun) -> None:
+    ckpt = resume_path(run)
+    if ckpt is not None and trainer.is_global_zero:
+        print(f"[minimodel] resuming from {ckpt}", flush=True)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(min(loss, 50.0))
