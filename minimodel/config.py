@@ -267,8 +267,6 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
         o = getattr(cfg, stage).optim
         if o.global_batch % o.micro_batch:
             fail(f"{stage}.optim.global_batch ({o.global_batch}) must be a multiple of micro_batch ({o.micro_batch})")
-        if o.warmup_updates > o.updates:
-            fail(f"{stage}.optim.warmup_updates ({o.warmup_updates}) exceeds updates ({o.updates})")
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

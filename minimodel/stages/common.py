@@ -3,6 +3,7 @@ loggers, progress and FLOP accounting, and the run-or-resume entry point."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -17,6 +18,8 @@ import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter as _CSVWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from minimodel.config import ExperimentConfig, OptimConfig, TrainerConfig
@@ -273,8 +276,48 @@ def wandb_mode(requested: str) -> str:
     return "offline"
 
 
+class _AppendingWriter(_CSVWriter):
+    """Lightning's CSV writer deletes an existing metrics.csv; this one keeps it and appends."""
+
+    def _check_log_dir_exists(self) -> None:
+        if os.path.isfile(self.metrics_file_path):
+            with open(self.metrics_file_path, newline="") as f:
+                self.metrics_keys = sorted(csv.DictReader(f).fieldnames or [])
+
+
+class MetricsCSV(CSVLogger):
+    """``{run_dir}/metrics.csv``, one row per logging step, kept across resumes."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(save_dir=str(run_dir), name="", version="")
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> _CSVWriter:
+        if self._experiment is None:
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+def truncate_metrics(run_dir: Path, step: int) -> None:
+    """Drop rows logged at or after ``step`` (they belong to updates after the checkpoint we resume from)."""
+    path = run_dir / "metrics.csv"
+    if not path.is_file():
+        return
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames or [], [r for r in reader if r.get("step") and int(r["step"]) < step]
+    tmp = path.with_name(".metrics.csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
 def make_loggers(cfg: ExperimentConfig, run_dir: Path, run_name: str) -> list[Logger]:
-    loggers: list[Logger] = [CSVLogger(save_dir=str(run_dir), name="", version="")]
+    loggers: list[Logger] = [MetricsCSV(run_dir)]
     mode = wandb_mode(cfg.logging.wandb)
     if mode != "disabled":
         from lightning.pytorch.loggers import WandbLogger
@@ -356,12 +399,12 @@ def world_size(t: TrainerConfig) -> int:
     return max(1, devices) * t.num_nodes
 
 
-def resume_path(run: StageRun) -> Path | None:
+def resume_point(run: StageRun) -> tuple[Path, int] | None:
+    """``last.ckpt`` and its update count, or None for a fresh run. Fails clearly on a corrupt file."""
     last = run.ckpt_dir / "last.ckpt"
     if not last.exists():
         return None
-    load_checkpoint(last)  # fail clearly now rather than deep inside Lightning
-    return last
+    return last, int(load_checkpoint(last)["global_step"])
 
 
 def is_done(run_dir: Path) -> bool:
@@ -375,10 +418,11 @@ def write_done(run_dir: Path, info: dict) -> None:
 
 
 def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule, run: StageRun) -> None:
-    ckpt = resume_path(run)
-    if ckpt is not None and trainer.is_global_zero:
-        print(f"[minimodel] resuming from {ckpt}", flush=True)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
+    resume = resume_point(run)
+    if resume is not None and trainer.is_global_zero:
+        print(f"[minimodel] resuming from {resume[0]} (update {resume[1]})", flush=True)
+        truncate_metrics(run.run_dir, resume[1])
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume[0]) if resume else None)
 
 
 def perplexity(loss: float) -> float:

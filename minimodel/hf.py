@@ -1,0 +1,208 @@
+"""Conversion between ``RobertaMLM`` and Hugging Face ``RobertaForMaskedLM`` / ``XLMRobertaForMaskedLM``.
+
+Needs ``transformers`` (``pip install minimodel[hf]``); it is imported only inside the functions.
+
+Config (HF -> ours): vocab_size, hidden_size -> hidden, num_hidden_layers -> layers,
+num_attention_heads -> heads, intermediate_size -> ffn, max_position_embeddings -> max_positions,
+hidden_dropout_prob -> dropout, attention_probs_dropout_prob -> attn_dropout, layer_norm_eps,
+pad_token_id -> pad_id, initializer_range -> init_std. Only ``model_type`` roberta / xlm-roberta with
+``hidden_act="gelu"`` and absolute positions, as an encoder (no decoder / cross-attention), is accepted.
+
+Weights (HF ``roberta.`` prefix dropped; ``L.`` = ``encoder.layer.{i}.`` -> ``layers.{i}.``)::
+
+    embeddings.word_embeddings             -> embeddings.tokens
+    embeddings.position_embeddings         -> embeddings.positions  (+ token_type_embeddings[0], see below)
+    embeddings.LayerNorm                   -> embeddings.norm
+    L.attention.self.{query,key,value}     -> layers.{i}.qkv        (concatenated q, k, v on the output dim)
+    L.attention.output.dense               -> layers.{i}.attn_out
+    L.attention.output.LayerNorm           -> layers.{i}.attn_norm
+    L.intermediate.dense                   -> layers.{i}.ffn_in
+    L.output.dense                         -> layers.{i}.ffn_out
+    L.output.LayerNorm                     -> layers.{i}.ffn_norm
+    lm_head.{dense,layer_norm,bias}        -> heads.primary.{dense,norm,bias}
+    lm_head.decoder.weight                 -> tied to embeddings.tokens (must equal the word embeddings)
+
+Our model has no token-type embeddings. RoBERTa feeds type id 0 at every position (pad included),
+so HF adds ``token_type_embeddings.weight[0]`` to every token; adding that row to every row of our
+position table gives the same sum, hence the same outputs. ``to_hf`` writes a zero token-type table
+(``type_vocab_size=1``), so ``from_hf(to_hf(m))`` returns ``m``'s parameters bit for bit.
+
+Only the primary head is exported as ``lm_head``: secondary mini heads (``l4`` ...) have no place in
+a HF ``*ForMaskedLM`` and are skipped by ``to_hf``; ``from_hf`` returns a model without mini heads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from minimodel.model import PRIMARY, ModelConfig, RobertaMLM
+
+SUPPORTED_MODEL_TYPES = ("roberta", "xlm-roberta")
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "minimodel.hf needs Hugging Face transformers: pip install 'minimodel[hf]' (or pip install transformers)"
+        ) from e
+    return transformers
+
+
+def _check_supported(hf_config: Any, source: str) -> None:
+    """Raise ValueError naming ``source`` and the field when ``hf_config`` is not a plain RoBERTa encoder."""
+    position = getattr(hf_config, "position_embedding_type", None) or "absolute"  # gone from the config in v5
+    checks: list[tuple[str, object, tuple[object, ...]]] = [
+        ("model_type", getattr(hf_config, "model_type", None), SUPPORTED_MODEL_TYPES),
+        ("hidden_act", getattr(hf_config, "hidden_act", None), ("gelu",)),
+        ("position_embedding_type", position, ("absolute",)),
+        ("is_decoder", bool(getattr(hf_config, "is_decoder", False)), (False,)),
+        ("add_cross_attention", bool(getattr(hf_config, "add_cross_attention", False)), (False,)),
+    ]
+    for name, value, allowed in checks:
+        if value not in allowed:
+            raise ValueError(f"{source}: unsupported {name}={value!r} (minimodel supports {name} in {list(allowed)})")
+    if getattr(hf_config, "pad_token_id", None) is None:
+        raise ValueError(f"{source}: unsupported pad_token_id=None (RoBERTa positions need a padding index)")
+    if int(getattr(hf_config, "type_vocab_size", 1)) < 1:
+        raise ValueError(f"{source}: unsupported type_vocab_size={hf_config.type_vocab_size} (need >= 1)")
+
+
+def hf_config_to_model_config(hf_config: Any, source: str = "hf config") -> ModelConfig:
+    """Our ``ModelConfig`` for a HF ``RobertaConfig`` / ``XLMRobertaConfig`` (ValueError if unsupported)."""
+    _check_supported(hf_config, source)
+    return ModelConfig(
+        vocab_size=int(hf_config.vocab_size),
+        hidden=int(hf_config.hidden_size),
+        layers=int(hf_config.num_hidden_layers),
+        heads=int(hf_config.num_attention_heads),
+        ffn=int(hf_config.intermediate_size),
+        max_positions=int(hf_config.max_position_embeddings),
+        dropout=float(hf_config.hidden_dropout_prob),
+        attn_dropout=float(hf_config.attention_probs_dropout_prob),
+        layer_norm_eps=float(hf_config.layer_norm_eps),
+        pad_id=int(hf_config.pad_token_id),
+        init_std=float(getattr(hf_config, "initializer_range", 0.02)),
+    )
+
+
+def _layer_map(i: int) -> dict[str, str]:
+    """Our layer-``i`` module prefix -> HF module prefix (``qkv`` is handled apart)."""
+    hf = f"encoder.layer.{i}."
+    return {
+        f"layers.{i}.attn_out": hf + "attention.output.dense",
+        f"layers.{i}.attn_norm": hf + "attention.output.LayerNorm",
+        f"layers.{i}.ffn_in": hf + "intermediate.dense",
+        f"layers.{i}.ffn_out": hf + "output.dense",
+        f"layers.{i}.ffn_norm": hf + "output.LayerNorm",
+    }
+
+
+def _module_map(cfg: ModelConfig) -> dict[str, str]:
+    """Our module prefix -> HF module prefix, for the modules copied one to one (weight and bias)."""
+    m = {"embeddings.norm": "roberta.embeddings.LayerNorm",
+         f"heads.{PRIMARY}.dense": "lm_head.dense", f"heads.{PRIMARY}.norm": "lm_head.layer_norm"}
+    for i in range(cfg.layers):
+        m.update({ours: "roberta." + hf for ours, hf in _layer_map(i).items()})
+    return m
+
+
+def _qkv(i: int) -> list[str]:
+    return [f"roberta.encoder.layer.{i}.attention.self.{n}" for n in ("query", "key", "value")]
+
+
+def hf_state_dict_to_ours(hf_sd: dict[str, Tensor], cfg: ModelConfig, source: str = "hf model") -> dict[str, Tensor]:
+    """Map a HF ``*ForMaskedLM`` state dict onto ``RobertaMLM(cfg).state_dict()`` keys (token types folded)."""
+    get = lambda key: hf_sd[key].detach().to(torch.float32)  # noqa: E731
+    words = get("roberta.embeddings.word_embeddings.weight")
+    decoder = hf_sd.get("lm_head.decoder.weight")
+    if decoder is not None and not torch.equal(decoder.detach().to(torch.float32), words):
+        raise ValueError(f"{source}: lm_head.decoder.weight differs from the word embeddings; minimodel ties them")
+    token_type0 = get("roberta.embeddings.token_type_embeddings.weight")[0]
+    ours: dict[str, Tensor] = {
+        "embeddings.tokens.weight": words,
+        "embeddings.positions.weight": get("roberta.embeddings.position_embeddings.weight") + token_type0,
+        f"heads.{PRIMARY}.decoder.weight": words,
+        f"heads.{PRIMARY}.bias": get("lm_head.bias"),
+    }
+    for mine, theirs in _module_map(cfg).items():
+        for p in ("weight", "bias"):
+            ours[f"{mine}.{p}"] = get(f"{theirs}.{p}")
+    for i in range(cfg.layers):
+        for p in ("weight", "bias"):
+            ours[f"layers.{i}.qkv.{p}"] = torch.cat([get(f"{m}.{p}") for m in _qkv(i)], dim=0)
+    return ours
+
+
+def our_state_dict_to_hf(model: RobertaMLM) -> dict[str, Tensor]:
+    """The HF ``*ForMaskedLM`` state dict of ``model``'s encoder and primary head (zero token types)."""
+    cfg, sd = model.cfg, {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    words = sd["embeddings.tokens.weight"]
+    hf: dict[str, Tensor] = {
+        "roberta.embeddings.word_embeddings.weight": words,
+        "roberta.embeddings.position_embeddings.weight": sd["embeddings.positions.weight"],
+        "roberta.embeddings.token_type_embeddings.weight": torch.zeros(1, cfg.hidden, dtype=words.dtype),
+        "lm_head.decoder.weight": words,
+        "lm_head.bias": sd[f"heads.{PRIMARY}.bias"],
+        "lm_head.decoder.bias": sd[f"heads.{PRIMARY}.bias"],
+    }
+    for mine, theirs in _module_map(cfg).items():
+        for p in ("weight", "bias"):
+            hf[f"{theirs}.{p}"] = sd[f"{mine}.{p}"]
+    for i in range(cfg.layers):
+        for p in ("weight", "bias"):
+            for name, part in zip(_qkv(i), sd[f"layers.{i}.qkv.{p}"].chunk(3, dim=0)):
+                hf[f"{name}.{p}"] = part
+    return hf
+
+
+def from_hf(path: str | Path) -> RobertaMLM:
+    """Load a HF ``RobertaForMaskedLM`` / ``XLMRobertaForMaskedLM`` (local directory or hub id) as ``RobertaMLM``.
+
+    Outputs match HF's (eval mode, ``token_type_ids`` left at 0) up to float rounding. Raises ValueError
+    for an unsupported config, a checkpoint missing weights, or an untied output projection.
+    """
+    tf = _transformers()
+    source = str(path)
+    hf_config = tf.AutoConfig.from_pretrained(source)
+    cfg = hf_config_to_model_config(hf_config, source)
+    cls = tf.XLMRobertaForMaskedLM if hf_config.model_type == "xlm-roberta" else tf.RobertaForMaskedLM
+    hf_model, info = cls.from_pretrained(source, config=hf_config, output_loading_info=True)
+    tied = {"lm_head.decoder.weight", "lm_head.decoder.bias"}
+    missing = sorted(set(info.get("missing_keys", ())) - tied)
+    if missing:
+        raise ValueError(f"{source}: checkpoint lacks {missing} (need a complete *ForMaskedLM checkpoint)")
+    model = RobertaMLM(cfg)
+    model.load_state_dict(hf_state_dict_to_ours(hf_model.state_dict(), cfg, source), strict=True)
+    model.tie_weights()
+    return model.eval()
+
+
+def to_hf(model: RobertaMLM, path: str | Path, xlmr: bool = False) -> None:
+    """Save ``model`` as a HF ``RobertaForMaskedLM`` (``XLMRobertaForMaskedLM`` if ``xlmr``) directory.
+
+    The primary head becomes ``lm_head``; secondary mini heads are not exported. Token-type embeddings
+    are a single zero row (``type_vocab_size=1``), bos/eos ids are 0/2, pad is ``model.cfg.pad_id``.
+    """
+    tf = _transformers()
+    cfg = model.cfg
+    config_cls, model_cls = (
+        (tf.XLMRobertaConfig, tf.XLMRobertaForMaskedLM) if xlmr else (tf.RobertaConfig, tf.RobertaForMaskedLM)
+    )
+    hf_config = config_cls(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads, intermediate_size=cfg.ffn, max_position_embeddings=cfg.max_positions,
+        hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attn_dropout,
+        layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_std, hidden_act="gelu",
+        type_vocab_size=1, pad_token_id=cfg.pad_id, bos_token_id=0, eos_token_id=2, tie_word_embeddings=True,
+    )
+    hf_model = model_cls(hf_config)
+    hf_model.load_state_dict(our_state_dict_to_hf(model), strict=True)
+    hf_model.tie_weights()
+    Path(path).mkdir(parents=True, exist_ok=True)
+    hf_model.save_pretrained(str(path))

@@ -1,0 +1,100 @@
+from pathlib import Path
+
+import pytest
+
+from minimodel.config import ConfigError, load_config, save_config
+from tests.conftest import ROOT
+
+ALL_YAML = sorted((ROOT / "experiments").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", ALL_YAML, ids=lambda p: p.name)
+def test_every_experiment_composes(path):
+    cfg = load_config(path)
+    assert cfg.system in ("bl_base", "bl_small", "minijoint", "minipost")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "conf").glob("*/*.yaml")), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_base_file_composes(path, tmp_path):
+    group = path.parent.name
+    package = {"optim": "pretrain.optim", "trainer": "pretrain.trainer"}.get(group, group)
+    exp = tmp_path / "experiments" / "x.yaml"
+    exp.parent.mkdir()
+    # on top of a small model and data (so that cross-checks such as max_positions >= seq_len + 2 hold)
+    base = "  - model: roberta-base\n  - data: cc100\n" if path.stem not in ("tiny", "demo") else \
+        "  - model: tiny\n  - data: demo\n"
+    exp.write_text(f"defaults:\n{base}  - {group}@{package}: {path.stem}\nname: x\nsystem: bl_base\n")
+    import os
+
+    os.environ["MINIMODEL_CONF"] = str(ROOT / "conf")
+    try:
+        load_config(exp)
+    finally:
+        del os.environ["MINIMODEL_CONF"]
+
+
+def test_paper_defaults():
+    cfg = load_config(ROOT / "experiments" / "minijoint.yaml")
+    o = cfg.pretrain.optim
+    assert (o.updates, o.global_batch, o.lr, o.warmup_updates, o.betas, o.eps, o.weight_decay) == (
+        125_000, 2048, 7e-4, 10_000, [0.9, 0.98], 1e-6, 0.01)
+    assert cfg.data.seq_len == 512 and cfg.data.vocab_size == 50_000 and cfg.data.mask_prob == 0.15
+    assert cfg.model.mini_heads == [4] and cfg.model.layers == 12 and cfg.mini_depth == 4
+    assert len(cfg.target_langs) == 14
+
+
+def test_overrides_are_typed():
+    cfg = load_config(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.updates=7", "target_langs=[de]",
+                                                           "data.vocab_size=500"])
+    assert cfg.pretrain.optim.updates == 7 and cfg.target_langs == ["de"]
+    assert cfg.model.vocab_size == 500  # interpolated from data.vocab_size
+
+
+def test_unknown_key_in_override_names_it():
+    with pytest.raises(ConfigError, match=r"override 'pretrain.optim.lrr=1': unknown config key 'pretrain.optim.lrr'; "
+                                          r"valid keys under 'pretrain.optim': lr, "):
+        load_config(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.lrr=1"])
+
+
+def test_unknown_key_in_file_names_the_file(tmp_path):
+    exp = tmp_path / "experiments" / "bad.yaml"
+    exp.parent.mkdir()
+    exp.write_text("defaults:\n  - model: tiny\nname: x\nsystem: bl_base\nmodel:\n  hiden: 3\n")
+    import os
+
+    os.environ["MINIMODEL_CONF"] = str(ROOT / "conf")
+    try:
+        with pytest.raises(ConfigError, match=r"bad.yaml: unknown config key 'model.hiden'"):
+            load_config(exp)
+    finally:
+        del os.environ["MINIMODEL_CONF"]
+
+
+def test_missing_required_value(tmp_path):
+    exp = tmp_path / "experiments" / "noname.yaml"
+    exp.parent.mkdir()
+    exp.write_text("system: bl_base\n")
+    import os
+
+    os.environ["MINIMODEL_CONF"] = str(ROOT / "conf")
+    try:
+        with pytest.raises(ConfigError, match=r"noname.yaml: missing required value\(s\) name"):
+            load_config(exp)
+    finally:
+        del os.environ["MINIMODEL_CONF"]
+
+
+def test_bad_values_are_rejected():
+    with pytest.raises(ConfigError, match=r"bad value for 'pretrain.optim.lr'"):
+        load_config(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.lr=fast"])
+    with pytest.raises(ConfigError, match=r"system must be one of"):
+        load_config(ROOT / "experiments" / "tiny.yaml", ["system=huge"])
+    with pytest.raises(ConfigError, match=r"global_batch \(30\) must be a multiple of micro_batch \(16\)"):
+        load_config(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.global_batch=30"])
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.updates=9"])
+    save_config(cfg, tmp_path / "config.yaml")
+    text = (tmp_path / "config.yaml").read_text()
+    assert "updates: 9" in text and "${" not in text

@@ -1,0 +1,65 @@
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from minimodel.stages.common import load_checkpoint
+from minimodel.stages.pretrain import run_pretrain
+from tests.conftest import tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+def read_metrics(run_dir: Path) -> dict[int, dict[str, float]]:
+    """Last row per step for each metric (a resumed run appends)."""
+    out: dict[int, dict[str, float]] = {}
+    with open(run_dir / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            step = int(row["step"])
+            out.setdefault(step, {}).update({k: float(v) for k, v in row.items() if v not in ("", None) and k != "step"})
+    return out
+
+
+def config(tmp: Path, prepared: Path, corpus: Path, *extra: str):
+    return tiny_config(tmp, corpus, f"data.prepared_dir={prepared / 'prepared'}", "pretrain.optim.updates=30",
+                       "pretrain.optim.warmup_updates=5", "pretrain.optim.global_batch=8",
+                       "pretrain.optim.micro_batch=4", "pretrain.optim.lr=2e-3", "pretrain.trainer.ckpt_every=10",
+                       "pretrain.trainer.val_every=10", "pretrain.trainer.log_every=1", *extra)
+
+
+def test_tiny_minijoint_learns_checkpoints_and_resumes_exactly(tmp_path, prepared, corpus_dir):
+    straight = run_pretrain(config(tmp_path / "a", prepared, corpus_dir), progress_bar=False)
+    ckpts = sorted(p.name for p in (straight / "checkpoints").glob("*.ckpt"))
+    assert ckpts == ["last.ckpt", "step0000010.ckpt", "step0000020.ckpt", "step0000030.ckpt"]
+    assert (straight / "done.json").exists() and (straight / "config.yaml").exists()
+    m = read_metrics(straight)
+    train_steps = sorted(s for s, v in m.items() if "train/loss" in v)
+    first, last = m[train_steps[0]], m[train_steps[-1]]
+    assert last["train/loss"] < first["train/loss"] - 0.5
+    assert last["train/loss_mini"] < first["train/loss_mini"] - 0.5
+    assert any("val/ppl_mini" in v for v in m.values())
+    final = m[max(s for s, v in m.items() if "flops/cumulative" in v)]
+    ckpt = load_checkpoint(straight / "checkpoints" / "last.ckpt")
+    assert ckpt["minimodel"]["step"] == 30 and ckpt["minimodel"]["flops"] == pytest.approx(final["flops/cumulative"])
+
+    # the same run interrupted twice and resumed: identical losses and bit-identical weights
+    b = tmp_path / "b"
+    run_pretrain(config(b, prepared, corpus_dir, "pretrain.trainer.stop_at=7"), progress_bar=False)
+    resumed_dir = run_pretrain(config(b, prepared, corpus_dir, "pretrain.trainer.stop_at=20"), progress_bar=False)
+    assert not (resumed_dir / "done.json").exists()
+    run_pretrain(config(b, prepared, corpus_dir), progress_bar=False)
+    assert (resumed_dir / "done.json").exists()
+    mb = read_metrics(resumed_dir)
+    for step in train_steps:
+        assert mb[step]["train/loss"] == m[step]["train/loss"], step
+        assert mb[step]["train/loss_mini"] == m[step]["train/loss_mini"], step
+    wa = load_checkpoint(straight / "checkpoints" / "last.ckpt")["state_dict"]
+    wb = load_checkpoint(resumed_dir / "checkpoints" / "last.ckpt")["state_dict"]
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+    # a finished stage is skipped
+    run_pretrain(config(b, prepared, corpus_dir), progress_bar=False)
+    assert load_checkpoint(resumed_dir / "checkpoints" / "last.ckpt")["minimodel"]["step"] == 30
