@@ -16,8 +16,9 @@ def _known_errors() -> tuple[type[Exception], ...]:
     from minimodel.data.shards import ShardError
     from minimodel.data.tokenizer import TokenizerError
     from minimodel.stages.common import CheckpointError, NonFiniteLossError
+    from minimodel.surgery import PlugError
 
-    return (ConfigError, CorpusError, TokenizerError, ShardError, CheckpointError, NonFiniteLossError)
+    return (ConfigError, CorpusError, TokenizerError, ShardError, CheckpointError, NonFiniteLossError, PlugError)
 
 
 def cmd_prepare(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
@@ -34,9 +35,30 @@ def cmd_pretrain(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
     run_pretrain(cfg, progress_bar=not args.no_progress)
 
 
+def cmd_bridge(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+    from minimodel.stages.bridge import run_bridge
+
+    run_bridge(cfg, progress_bar=not args.no_progress)
+
+
+def cmd_adapt(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+    from minimodel.stages.adapt import run_adapt
+
+    run_adapt(cfg, progress_bar=not args.no_progress)
+
+
+def cmd_flops(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+    from minimodel.analysis import cost_table
+
+    print(cost_table(cfg))
+
+
 COMMANDS: dict[str, tuple[Callable[[ExperimentConfig, argparse.Namespace], None], str]] = {
     "prepare": (cmd_prepare, "train tokenizers and encode corpora into token shards"),
     "pretrain": (cmd_pretrain, "step 1: MLM pretraining (resumes if a checkpoint exists)"),
+    "bridge": (cmd_bridge, "step 1b (MiniPost): train the bridge layers of the mini-model"),
+    "adapt": (cmd_adapt, "step 2: learn target-language embeddings (needs lang=xx)"),
+    "flops": (cmd_flops, "print the experiment's training cost (paper formulas A1, A3, A4)"),
 }
 
 

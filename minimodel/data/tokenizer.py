@@ -57,33 +57,11 @@ class Tokenizer:
     def encode_one(self, text: str) -> list[int]:
         return self.sp.encode(text)
 
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """Token ids and (start, end) character offsets into ``text`` (whitespace marker excluded)."""
-        proto = self.sp.encode(text, out_type="immutable_proto")
-        ids, offsets = [], []
-        # begin/end are byte offsets into the UTF-8 text; convert to character offsets
-        byte_to_char = _byte_to_char(text)
-        for p in proto.pieces:
-            ids.append(p.id)
-            start, end = byte_to_char[p.begin], byte_to_char[p.end]
-            surface = text[start:end]
-            stripped = len(surface) - len(surface.lstrip())
-            offsets.append((start + stripped, end))
-        return ids, offsets
-
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode([int(i) for i in ids])
 
     def pieces(self) -> list[str]:
         return [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
-
-
-def _byte_to_char(text: str) -> list[int]:
-    table = []
-    for i, ch in enumerate(text):
-        table.extend([i] * len(ch.encode("utf-8")))
-    table.append(len(text))
-    return table
 
 
 def _sample_lines(corpus: Path, max_sentences: int, seed: int) -> Iterator[str]:

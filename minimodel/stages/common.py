@@ -22,8 +22,12 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter as _CSVWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from torch import nn
+from torchmetrics import MeanMetric
+
 from minimodel.config import ExperimentConfig, OptimConfig, TrainerConfig
 from minimodel.flops import v100_days
+from minimodel.model import IGNORE_INDEX, PRIMARY, ModelConfig, RobertaMLM
 
 DONE = "done.json"
 
@@ -68,6 +72,100 @@ def check_finite(loss: torch.Tensor, step: int, what: str = "loss") -> None:
         raise NonFiniteLossError(
             f"{what} is {loss.item()} at update {step}: stopping; the last checkpoint written before it is kept "
             f"(lower the learning rate or check the data, then rerun the same command to resume)")
+
+
+# --------------------------------------------------------------------------------------------- MLM steps
+
+
+def head_metric(head: str, heads: list[str]) -> str:
+    """primary -> loss; the one secondary head -> loss_mini; several -> loss_l{N}."""
+    if head == PRIMARY:
+        return "loss"
+    return "loss_mini" if len(heads) == 2 else f"loss_{head}"
+
+
+def mlm_train_step(module: L.LightningModule, model: RobertaMLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean of the MLM losses of all the model's heads; logs each head's loss and the lr."""
+    losses = model.mlm_losses(batch["input_ids"], batch["labels"])
+    loss = torch.stack(list(losses.values())).mean()
+    check_finite(loss, module.global_step)
+    heads = list(losses)
+    logs = {f"train/{head_metric(h, heads)}": v.detach() for h, v in losses.items()}
+    if len(losses) > 1:
+        logs["train/loss_total"] = loss.detach()
+    module.log_dict(logs, prog_bar=True, on_step=True, on_epoch=False)
+    module.log("train/lr", module.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
+    return loss
+
+
+class MLMValidation(nn.Module):
+    """Token-weighted validation loss and perplexity per head, reduced over processes."""
+
+    def __init__(self, heads: list[str]) -> None:
+        super().__init__()
+        self.heads = heads
+        self.loss = nn.ModuleDict({h: MeanMetric() for h in heads})
+
+    def update(self, model: RobertaMLM, batch: dict[str, torch.Tensor]) -> None:
+        losses = model.mlm_losses(batch["input_ids"], batch["labels"], self.heads)
+        n = batch["labels"].ne(IGNORE_INDEX).sum()
+        for h, v in losses.items():
+            self.loss[h].update(v, n)
+
+    def log(self, module: L.LightningModule) -> None:
+        for h in self.heads:
+            value = float(self.loss[h].compute())
+            name = head_metric(h, self.heads)
+            module.log(f"val/{name}", value)
+            module.log(f"val/{name.replace('loss', 'ppl')}", perplexity(value))
+            self.loss[h].reset()
+
+
+class MLMModule(L.LightningModule):
+    """Trains the parameters of ``model`` that require a gradient on the mean MLM loss of its heads.
+
+    The stages (pretrain, bridge, adapt) derive from this base and differ in the model they are
+    handed, what it freezes, and what their checkpoints carry; they do not derive from each other."""
+
+    def __init__(self, model: RobertaMLM, optim: OptimConfig, meta: dict, flops_per_update: float) -> None:
+        super().__init__()
+        self.model, self.optim_cfg, self.meta = model, optim, meta
+        self.flops_per_update = flops_per_update
+        self.val = MLMValidation(model.cfg.head_names)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return mlm_train_step(self, self.model, batch)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.val.update(self.model, batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self.val.log(self)
+
+    def configure_optimizers(self) -> dict:
+        return lightning_optim(*build_optimizer(self.model.parameters(), self.optim_cfg))
+
+    def cumulative_flops(self, step: int | None = None) -> float:
+        return (self.global_step if step is None else step) * self.flops_per_update
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["minimodel"] = {**self.meta, "step": self.global_step, "flops": self.cumulative_flops()}
+
+
+def load_model(path: Path) -> tuple[RobertaMLM, dict]:
+    """The ``RobertaMLM`` and metadata of a pretraining or bridge checkpoint."""
+    ckpt = load_checkpoint(path)
+    meta = ckpt.get("minimodel")
+    if not isinstance(meta, dict) or "model_config" not in meta:
+        raise CheckpointError(f"{path} is not a minimodel training checkpoint (no 'minimodel' metadata)")
+    model = RobertaMLM(ModelConfig(**meta["model_config"]))
+    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: weights do not fit the model config stored with them: {e}") from e
+    model.tie_weights()
+    return model, meta
 
 
 # --------------------------------------------------------------------------------------------- checkpoints
@@ -119,11 +217,13 @@ class ScheduledCheckpoints(Callback):
     final one when training ends. Also stops cleanly (checkpoint first) on SIGTERM/SIGUSR1 or a wall-time cap."""
 
     def __init__(self, dirpath: Path, every: int, extra: Iterable[int] = (), max_minutes: float = 0.0,
-                 stop_at: int = 0) -> None:
+                 stop_at: int = 0, keep_steps: bool = True) -> None:
         self.dirpath, self.every, self.extra = Path(dirpath), every, set(extra)
+        self.keep_steps = keep_steps  # False: only last.ckpt (the module's export() keeps the history)
         self.max_seconds, self.stop_at = max_minutes * 60, stop_at
         self.started = time.monotonic()
         self.last_step = -1
+        self.last_saved = -1
         self.stop_requested: str | None = None
         self._old_handlers: dict[int, Any] = {}
 
@@ -131,6 +231,8 @@ class ScheduledCheckpoints(Callback):
         self.last_step = trainer.global_step
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
+        if trainer.global_step == 0 and getattr(pl_module, "export", None) is not None and trainer.is_global_zero:
+            pl_module.export(0)  # the starting point of the curve
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             try:
                 self._old_handlers[sig] = signal.signal(sig, self._request_stop)
@@ -144,14 +246,22 @@ class ScheduledCheckpoints(Callback):
     def _request_stop(self, signum: int, frame: Any) -> None:
         self.stop_requested = signal.Signals(signum).name
 
-    def save(self, trainer: L.Trainer) -> Path:
+    def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
+        export = getattr(pl_module, "export", None)
+        if export is not None and trainer.is_global_zero:
+            export(step)
+        if not self.keep_steps:
+            trainer.save_checkpoint(self.dirpath / "last.ckpt")
+            return
         path = self.dirpath / f"step{step:07d}.ckpt"
         trainer.save_checkpoint(path)
         if trainer.is_global_zero:
             link_or_copy(path, self.dirpath / "last.ckpt")
         trainer.strategy.barrier()
-        return path
+
+    def saved(self, step: int) -> bool:
+        return self.last_saved == step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         step = trainer.global_step
@@ -159,14 +269,16 @@ class ScheduledCheckpoints(Callback):
             return
         self.last_step = step
         if step % self.every == 0 or step in self.extra:
-            self.save(trainer)
+            self.save(trainer, pl_module)
+            self.last_saved = step
         if self.stop_at and step >= self.stop_at:
             self.stop_requested = self.stop_requested or f"stop_at={self.stop_at}"
         if self.max_seconds and time.monotonic() - self.started > self.max_seconds:
             self.stop_requested = self.stop_requested or f"wall-time cap of {self.max_seconds / 60:g} min"
         if self.stop_requested:
-            if not (self.dirpath / f"step{step:07d}.ckpt").exists():
-                self.save(trainer)
+            if not self.saved(step):
+                self.save(trainer, pl_module)
+                self.last_saved = step
             trainer.should_stop = True
 
     def state_dict(self) -> dict:
@@ -181,8 +293,9 @@ class ScheduledCheckpoints(Callback):
         if self.stop_requested:
             print(f"[minimodel] stopped at update {trainer.global_step} ({self.stop_requested}); "
                   f"rerun the same command to resume", flush=True)
-        if not (self.dirpath / f"step{trainer.global_step:07d}.ckpt").exists():
-            self.save(trainer)
+        if not self.saved(trainer.global_step):
+            self.save(trainer, pl_module)
+            self.last_saved = trainer.global_step
 
 
 def rng_state() -> dict:

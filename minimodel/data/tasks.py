@@ -1,0 +1,405 @@
+"""Downstream tasks: loading (Hugging Face hub or local files), featurisation and QA span decoding.
+
+Cross-lingual zero-shot transfer: a model is finetuned on the English training data of a task
+(``TaskSpec.train_task``, split ``train``, language ``en``) and evaluated on ``TaskSpec.eval_split``
+of the other languages. Records are plain dicts in the hub schema of each dataset.
+
+Local copies use the same schema, in a directory holding ``{split}.{lang}.{ext}`` or
+``{lang}/{split}.{ext}`` with ext one of jsonl, json, parquet, csv, tsv. A ``.json`` file is a list
+of records, ``{"data": [records]}``, or the nested SQuAD layout of the official MLQA / XQuAD / SQuAD
+downloads (``data -> paragraphs -> qas``). In CSV/TSV files, QA ``answers`` is a JSON string.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+from sentencepiece import sentencepiece_pb2
+
+from minimodel.data.tokenizer import BOS, EOS, PAD, Tokenizer
+
+EXTENSIONS = ("jsonl", "json", "parquet", "csv", "tsv")
+Offset = tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A cross-lingual task on the Hugging Face hub."""
+
+    name: str
+    hub_id: str
+    config_template: str | None  # formatted with ``lang``; None: the dataset's default config
+    languages: tuple[str, ...]
+    splits: tuple[str, ...]
+    eval_split: str
+    train_task: str  # the task whose English ``train`` split finetunes the model
+    text_fields: tuple[str, ...]  # classification inputs; ("question", "context") for QA
+    labels: tuple[str, ...] = ()  # class names by label id; empty for QA
+
+    @property
+    def is_qa(self) -> bool:
+        return not self.labels
+
+    def config(self, lang: str) -> str | None:
+        """The hub config name of ``lang``."""
+        return None if self.config_template is None else self.config_template.format(lang=lang)
+
+
+_QA_FIELDS = ("question", "context")
+TASKS: dict[str, TaskSpec] = {
+    t.name: t
+    for t in (
+        TaskSpec("xnli", "facebook/xnli", "{lang}",
+                 ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr", "ur", "vi", "zh"),
+                 ("train", "validation", "test"), "test", "xnli", ("premise", "hypothesis"),
+                 ("entailment", "neutral", "contradiction")),
+        TaskSpec("pawsx", "google-research-datasets/paws-x", "{lang}", ("de", "en", "es", "fr", "ja", "ko", "zh"),
+                 ("train", "validation", "test"), "test", "pawsx", ("sentence1", "sentence2"), ("0", "1")),
+        TaskSpec("mlqa", "facebook/mlqa", "mlqa.{lang}.{lang}", ("ar", "de", "en", "es", "hi", "vi", "zh"),
+                 ("validation", "test"), "test", "squad", _QA_FIELDS),
+        TaskSpec("xquad", "google/xquad", "xquad.{lang}",
+                 ("ar", "de", "el", "en", "es", "hi", "ro", "ru", "th", "tr", "vi", "zh"),
+                 ("validation",), "validation", "squad", _QA_FIELDS),
+        TaskSpec("squad", "rajpurkar/squad", None, ("en",), ("train", "validation"), "validation", "squad",
+                 _QA_FIELDS),
+    )
+}
+
+
+def get_task(name: str) -> TaskSpec:
+    if name not in TASKS:
+        raise ValueError(f"unknown task '{name}' (known: {', '.join(TASKS)})")
+    return TASKS[name]
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+
+def load_task_split(task: str, lang: str, split: str, source: str | Path | None = None) -> list[dict[str, Any]]:
+    """The records of ``split`` of ``task`` in ``lang``: from the hub when ``source`` is None, else from
+    the local directory (or file) ``source`` in the hub schema (checked, with the file and line named)."""
+    spec = get_task(task)
+    if split not in spec.splits:
+        raise ValueError(f"{task} has no split '{split}' (splits: {', '.join(spec.splits)})")
+    if source is None:
+        if lang not in spec.languages:
+            raise ValueError(f"{task} has no language '{lang}' on the hub (languages: {', '.join(spec.languages)})")
+        import datasets
+
+        return datasets.load_dataset(spec.hub_id, spec.config(lang), split=split).to_list()
+    path = Path(source)
+    if path.is_dir():
+        path = find_split_file(path, split, lang)
+    elif not path.is_file():
+        raise FileNotFoundError(f"{task} data not found: {path} is neither a file nor a directory")
+    return [_check_record(spec, rec, f"{path}, {where}") for where, rec in read_records(path)]
+
+
+def find_split_file(root: Path, split: str, lang: str | None) -> Path:
+    """``root/{split}.{lang}.{ext}`` or ``root/{lang}/{split}.{ext}`` (``root/{split}.{ext}`` when
+    ``lang`` is None), trying the extensions in the order of ``EXTENSIONS``."""
+    stems = [split] if lang is None else [f"{split}.{lang}", f"{lang}/{split}"]
+    for stem in stems:
+        for ext in EXTENSIONS:
+            if (root / f"{stem}.{ext}").is_file():
+                return root / f"{stem}.{ext}"
+    patterns = " or ".join(f"{stem}.{{{','.join(EXTENSIONS)}}}" for stem in stems)
+    raise FileNotFoundError(f"no {split} split{'' if lang is None else f' for {lang}'} in {root}: expected {patterns}")
+
+
+def read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(location, record)`` for each record of a jsonl/json/parquet/csv/tsv file; the location
+    ("line 3", "record 2", "question q7") is for error messages."""
+    ext = path.suffix.lstrip(".")
+    if ext == "jsonl":
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    yield f"line {n}", _json_object(line, f"{path}, line {n}")
+    elif ext == "json":
+        yield from _json_records(path)
+    elif ext in ("csv", "tsv"):
+        with open(path, encoding="utf-8", newline="") as f:
+            reader = csv.DictReader(f, delimiter="\t" if ext == "tsv" else ",")
+            for row in reader:
+                yield f"line {reader.line_num}", row
+    elif ext == "parquet":
+        import pyarrow.parquet as pq
+
+        for n, rec in enumerate(pq.read_table(path).to_pylist(), 1):
+            yield f"row {n}", rec
+    else:
+        raise ValueError(f"{path}: unsupported file type '.{ext}' (use one of: {', '.join(EXTENSIONS)})")
+
+
+def _json_object(text: str, where: str) -> dict[str, Any]:
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: invalid JSON ({e.msg})") from e
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    return rec
+
+
+def _json_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Records of a .json file: a list, ``{"data": list}``, or nested SQuAD (flattened to the hub schema)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a list of records or {{\"data\": [...]}}")
+    for n, rec in enumerate(data, 1):
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}, record {n}: expected a JSON object, got {type(rec).__name__}")
+        if "paragraphs" not in rec:
+            yield f"record {n}", rec
+            continue
+        for para in rec["paragraphs"]:
+            for q in para["qas"]:
+                answers = {"text": [a["text"] for a in q["answers"]],
+                           "answer_start": [a["answer_start"] for a in q["answers"]]}
+                yield f"question {q['id']}", {"id": q["id"], "title": rec.get("title", ""),
+                                               "context": para["context"], "question": q["question"],
+                                               "answers": answers}
+
+
+def _check_record(spec: TaskSpec, rec: dict[str, Any], where: str) -> dict[str, Any]:
+    """``rec`` checked against the hub schema of ``spec``; CSV strings become int labels / answer dicts."""
+    required = (*spec.text_fields, "id", "answers") if spec.is_qa else (*spec.text_fields, "label")
+    for field in required:
+        if rec.get(field) is None:
+            raise ValueError(f"{where}: missing field '{field}'")
+    rec = dict(rec)
+    if spec.is_qa:
+        answers = _json_object(rec["answers"], where) if isinstance(rec["answers"], str) else rec["answers"]
+        if not (
+            isinstance(answers, dict)
+            and isinstance(answers.get("text"), list)
+            and isinstance(answers.get("answer_start"), list)
+            and len(answers["text"]) == len(answers["answer_start"])
+        ):
+            raise ValueError(f"{where}: answers must be {{\"text\": [...], \"answer_start\": [...]}} of equal length")
+        rec["answers"] = {"text": answers["text"], "answer_start": [int(s) for s in answers["answer_start"]]}
+    else:
+        label = str(rec["label"])
+        if not label.isdecimal() or int(label) >= len(spec.labels):
+            raise ValueError(f"{where}: label {rec['label']!r} is not a label id 0..{len(spec.labels) - 1}")
+        rec["label"] = int(label)
+    return rec
+
+
+class LocalClassificationTask:
+    """A user-defined classification task in ``root``: ``train``/``dev`` files (``train.jsonl``) and
+    per-language test files (``test.{lang}.jsonl``), as JSONL, CSV or TSV (also json/parquet), each
+    record holding ``text_fields`` (one text, or two for pairs) and ``label_field`` (string or int).
+
+    Labels are kept as strings; the label set is ``labels`` or the sorted labels of the train split
+    (numerically when all are integers), and label ids index it.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        text_fields: Sequence[str] = ("text",),
+        label_field: str = "label",
+        labels: Sequence[str] | None = None,
+    ) -> None:
+        if len(text_fields) not in (1, 2):
+            raise ValueError(f"text_fields must name one or two fields, got {list(text_fields)}")
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"task directory not found: {self.root}")
+        self.text_fields = tuple(text_fields)
+        self.label_field = label_field
+        self.labels = tuple(str(label) for label in labels) if labels is not None else self._infer_labels()
+
+    def _infer_labels(self) -> tuple[str, ...]:
+        found = {str(rec[self.label_field]) for _, rec in self._read("train", None)}
+        if not found:
+            raise ValueError(f"{find_split_file(self.root, 'train', None)}: no records to infer the label set from")
+        if all(label.lstrip("-").isdecimal() for label in found):
+            return tuple(sorted(found, key=int))
+        return tuple(sorted(found))
+
+    def _read(self, split: str, lang: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Records with their file and location, all fields present (labels not yet checked)."""
+        path = find_split_file(self.root, split, lang)
+        for where, rec in read_records(path):
+            for field in (*self.text_fields, self.label_field):
+                if rec.get(field) is None:
+                    raise ValueError(f"{path}, {where}: missing field '{field}'")
+            yield f"{path}, {where}", rec
+
+    def load(self, split: str, lang: str | None = None) -> list[dict[str, Any]]:
+        """Records of ``split`` (``test`` with ``lang``): ``id`` (if present), the text fields and
+        ``label`` as a label id."""
+        label_ids = {label: i for i, label in enumerate(self.labels)}
+        out = []
+        for where, rec in self._read(split, lang):
+            label = str(rec[self.label_field])
+            if label not in label_ids:
+                raise ValueError(f"{where}: label '{label}' is not in the label set {list(self.labels)}")
+            ids = {"id": rec["id"]} if "id" in rec else {}
+            out.append({**ids, **{f: str(rec[f]) for f in self.text_fields}, "label": label_ids[label]})
+        return out
+
+
+# ----------------------------------------------------------------------------------- featurisation
+
+
+def encode_with_offsets(tokenizer: Tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids of ``text`` and each token's ``(start, end)`` character span in ``text``, without the
+    leading whitespace that SentencePiece folds into a piece (a bare "▁" gets an empty span)."""
+    proto = sentencepiece_pb2.SentencePieceText()
+    proto.ParseFromString(tokenizer.sp.encode(text, out_type="serialized_proto"))
+    # SentencePiece reports UTF-8 byte offsets into the original text
+    char_at = [i for i, ch in enumerate(text) for _ in ch.encode("utf-8")] + [len(text)]
+    ids, offsets = [], []
+    for piece in proto.pieces:
+        start, end = char_at[piece.begin], char_at[piece.end]
+        surface = text[start:end]
+        ids.append(piece.id)
+        offsets.append((start + len(surface) - len(surface.lstrip()), end))
+    return ids, offsets
+
+
+def encode_classification(
+    records: Sequence[dict[str, Any]], tokenizer: Tokenizer, text_fields: Sequence[str], max_len: int = 256
+) -> dict[str, list]:
+    """RoBERTa inputs ``<s> A </s>`` or ``<s> A </s></s> B </s>``, at most ``max_len`` tokens (the longer
+    text loses its last token first), and the records' int labels."""
+    if len(text_fields) not in (1, 2):
+        raise ValueError(f"text_fields must name one or two fields, got {list(text_fields)}")
+    specials = 2 if len(text_fields) == 1 else 4
+    if max_len <= specials:
+        raise ValueError(f"max_len={max_len} leaves no room for text")
+    columns = [tokenizer.encode([str(r[f]) for r in records]) for f in text_fields]
+    input_ids = []
+    for ids in zip(*columns):
+        if len(ids) == 1:
+            input_ids.append([BOS, *ids[0][: max_len - specials], EOS])
+        else:
+            len_a, len_b = truncate_pair(len(ids[0]), len(ids[1]), max_len - specials)
+            input_ids.append([BOS, *ids[0][:len_a], EOS, EOS, *ids[1][:len_b], EOS])
+    return {"input_ids": input_ids, "label": [int(r["label"]) for r in records]}
+
+
+def truncate_pair(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
+    """Lengths after removing tokens one at a time from the longer sequence (the second on ties)
+    until both fit in ``budget`` (Hugging Face's ``longest_first``)."""
+    while len_a + len_b > budget:
+        if len_a > len_b:
+            len_a -= 1
+        else:
+            len_b -= 1
+    return len_a, len_b
+
+
+def encode_qa(
+    records: Sequence[dict[str, Any]],
+    tokenizer: Tokenizer,
+    max_len: int = 384,
+    stride: int = 128,
+    max_query_len: int = 64,
+) -> dict[str, list]:
+    """Extractive-QA features ``<s> Q </s></s> C </s>``, one per window over the context tokens;
+    consecutive windows share ``stride`` tokens. Per feature: ``input_ids``, ``offsets`` (character
+    span of each context token, None elsewhere), ``example_id`` and the answer's token positions
+    ``start_positions``/``end_positions`` (from the first gold answer; 0, i.e. ``<s>``, when the answer
+    is not wholly inside the window or the record has none)."""
+    keys = ("input_ids", "offsets", "example_id", "start_positions", "end_positions")
+    features: dict[str, list] = {k: [] for k in keys}
+    for rec in records:
+        question = tokenizer.encode_one(rec["question"])[:max_query_len]
+        ctx_ids, ctx_offsets = encode_with_offsets(tokenizer, rec["context"])
+        prefix = len(question) + 3  # <s> Q </s></s>
+        window = max_len - prefix - 1
+        if window <= stride:
+            raise ValueError(
+                f"max_len={max_len} leaves {window} context tokens per window, not more than stride={stride}"
+            )
+        answer = _answer_tokens(rec, ctx_offsets)
+        for begin in _window_starts(len(ctx_ids), window, stride):
+            end = min(begin + window, len(ctx_ids))
+            features["input_ids"].append([BOS, *question, EOS, EOS, *ctx_ids[begin:end], EOS])
+            features["offsets"].append([None] * prefix + ctx_offsets[begin:end] + [None])
+            features["example_id"].append(rec["id"])
+            inside = answer is not None and begin <= answer[0] and answer[1] < end
+            features["start_positions"].append(prefix + answer[0] - begin if inside else 0)
+            features["end_positions"].append(prefix + answer[1] - begin if inside else 0)
+    return features
+
+
+def _window_starts(n_tokens: int, window: int, stride: int) -> list[int]:
+    """First context token of each window; the last window ends at the last token."""
+    starts = [0]
+    while starts[-1] + window < n_tokens:
+        starts.append(starts[-1] + window - stride)
+    return starts
+
+
+def _answer_tokens(rec: dict[str, Any], offsets: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """First and last context token overlapping the first gold answer's characters (None: no answer)."""
+    answers = rec.get("answers") or {}
+    if not answers.get("text"):
+        return None
+    first = answers["answer_start"][0]
+    last = first + len(answers["text"][0])
+    hits = [i for i, (a, b) in enumerate(offsets) if a < b and a < last and b > first]
+    return (hits[0], hits[-1]) if hits else None
+
+
+def decode_spans(
+    start_logits: Sequence[Sequence[float]] | Sequence[torch.Tensor],
+    end_logits: Sequence[Sequence[float]] | Sequence[torch.Tensor],
+    offsets: Sequence[Sequence[Offset]],
+    context: str,
+    n_best: int = 20,
+    max_answer_len: int = 30,
+) -> str:
+    """The best answer text over all features of one example (Hugging Face run_qa post-processing):
+    per feature, pair the ``n_best`` highest start and end logits, skip spans that leave the context
+    (offset None or past the feature's length, e.g. padding), end before start or are longer than
+    ``max_answer_len`` tokens, and return the context text of the highest start+end score ("" if none)."""
+    best_score, best_text = float("-inf"), ""
+    for starts, ends, offs in zip(start_logits, end_logits, offsets):
+        starts = torch.as_tensor(starts, dtype=torch.float)[: len(offs)]
+        ends = torch.as_tensor(ends, dtype=torch.float)[: len(offs)]
+        for s in starts.topk(min(n_best, len(starts))).indices.tolist():
+            for e in ends.topk(min(n_best, len(ends))).indices.tolist():
+                if offs[s] is None or offs[e] is None or e < s or e - s + 1 > max_answer_len:
+                    continue
+                score = float(starts[s] + ends[e])
+                if score > best_score:
+                    best_score, best_text = score, context[offs[s][0] : offs[e][1]]
+    return best_text
+
+
+def feature_rows(features: dict[str, list]) -> list[dict[str, Any]]:
+    """Dict of lists (as the encoders return) to one dict per feature (as a DataLoader expects)."""
+    keys = list(features)
+    return [dict(zip(keys, values)) for values in zip(*features.values())]
+
+
+def pad_collate(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Batch features: ``input_ids`` right-padded with ``<pad>`` plus ``attention_mask``; int fields
+    (``label``, ``start_positions``, ...) as tensors; other fields (``offsets``, ``example_id``) as lists."""
+    width = max(len(f["input_ids"]) for f in batch)
+    input_ids = torch.full((len(batch), width), PAD, dtype=torch.long)
+    attention_mask = torch.zeros((len(batch), width), dtype=torch.bool)
+    for i, f in enumerate(batch):
+        input_ids[i, : len(f["input_ids"])] = torch.tensor(f["input_ids"], dtype=torch.long)
+        attention_mask[i, : len(f["input_ids"])] = True
+    out: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
+    for key in batch[0]:
+        if key == "input_ids":
+            continue
+        values = [f[key] for f in batch]
+        out[key] = torch.tensor(values, dtype=torch.long) if isinstance(values[0], int) else values
+    return out

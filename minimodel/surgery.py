@@ -1,0 +1,173 @@
+"""Model surgery: extract a MiniJoint mini-model, build a MiniPost mini-model, initialise and swap
+token embeddings, plug adapted embeddings into the primary model, and freeze by name.
+
+Every function takes and returns plain ``RobertaMLM`` modules; nothing here reads files except
+``plug_embeddings``, which checks an adaptation checkpoint against a tokenizer."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from minimodel.model import PRIMARY, RobertaMLM
+
+
+class PlugError(ValueError):
+    """Embeddings that do not fit the model or tokenizer they are plugged into."""
+
+
+# --------------------------------------------------------------------------------------------- freezing
+
+
+def freeze_all_but(model: nn.Module, trainable: Callable[[str], bool]) -> int:
+    """Set ``requires_grad`` from ``trainable(name)`` for every parameter; returns the trainable count.
+
+    Tied parameters appear once in ``named_parameters()``, under their first name."""
+    for name, p in model.named_parameters():
+        p.requires_grad_(trainable(name))
+    return trainable_parameters(model)
+
+
+def trainable_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def adaptation_trainable(name: str) -> bool:
+    """Step 2: the token embeddings (tied to the output projection) and the MLM output bias."""
+    return name == "embeddings.tokens.weight" or name == f"heads.{PRIMARY}.bias"
+
+
+def bridge_trainable(depth: int) -> Callable[[str], bool]:
+    """Step 1b: only the layers above ``depth`` (the inserted bridge layers)."""
+
+    def trainable(name: str) -> bool:
+        if not name.startswith("layers."):
+            return False
+        return int(name.split(".")[1]) >= depth
+
+    return trainable
+
+
+# --------------------------------------------------------------------------------------------- mini-models
+
+
+def _copy_into(dst: nn.Module, src: nn.Module) -> None:
+    dst.load_state_dict(copy.deepcopy(src.state_dict()))
+
+
+def extract_mini(model: RobertaMLM, depth: int, head: str | None = None) -> RobertaMLM:
+    """MiniJoint's mini-model: embeddings + layers 1..depth + the head at ``depth`` (as its primary head).
+
+    Weights are copied; the result computes exactly what ``model`` computes on its bottom-``depth`` path."""
+    head = head or f"l{depth}"
+    if model.cfg.head_depth(head) != depth:
+        raise ValueError(f"head {head!r} sits after layer {model.cfg.head_depth(head)}, not {depth}")
+    mini = RobertaMLM(replace(model.cfg, layers=depth, mini_heads=[]))
+    _copy_into(mini.embeddings, model.embeddings)
+    for i in range(depth):
+        _copy_into(mini.layers[i], model.layers[i])
+    _copy_into(mini.heads[PRIMARY], model.heads[head])
+    mini.tie_weights()
+    return mini
+
+
+def build_minipost(model: RobertaMLM, depth: int, bridge_layers: int, seed: int = 0) -> RobertaMLM:
+    """MiniPost (step 1b): embeddings + layers 1..depth + the primary MLM head of ``model``, with
+    ``bridge_layers`` newly initialised layers inserted between them. Only the new layers train."""
+    if not 1 <= depth < model.cfg.layers:
+        raise ValueError(f"depth must be in 1..{model.cfg.layers - 1}, got {depth}")
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        mini = RobertaMLM(replace(model.cfg, layers=depth + bridge_layers, mini_heads=[]))
+    _copy_into(mini.embeddings, model.embeddings)
+    for i in range(depth):
+        _copy_into(mini.layers[i], model.layers[i])
+    _copy_into(mini.heads[PRIMARY], model.heads[PRIMARY])
+    mini.tie_weights()
+    freeze_all_but(mini, bridge_trainable(depth))
+    return mini
+
+
+def primary_only(model: RobertaMLM) -> RobertaMLM:
+    """The model without its secondary heads (what steps 3 and 4 use)."""
+    if not model.cfg.mini_heads:
+        return model
+    out = RobertaMLM(replace(model.cfg, mini_heads=[]))
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("heads.") or k.startswith("heads.primary.")}
+    out.load_state_dict(state)
+    out.tie_weights()
+    return out
+
+
+# --------------------------------------------------------------------------------------------- embeddings
+
+
+def overlap_init(source: Tensor, source_pieces: Sequence[str], target_pieces: Sequence[str],
+                 std: float = 0.02, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """Target embeddings as in the paper's footnote 1 (Pfeiffer et al., 2021): a piece that also exists
+    in the source vocabulary copies its source embedding, every other piece is drawn from N(0, std).
+
+    Returns the (V_trg, h) matrix and the boolean mask of copied (overlapping) rows."""
+    index = {piece: i for i, piece in enumerate(source_pieces)}
+    weight = torch.empty(len(target_pieces), source.shape[1], dtype=source.dtype)
+    weight.normal_(0.0, std, generator=generator)
+    src_rows = [index.get(p, -1) for p in target_pieces]
+    copied = torch.tensor([r >= 0 for r in src_rows], dtype=torch.bool)
+    if copied.any():
+        rows = torch.tensor([r for r in src_rows if r >= 0])
+        weight[copied] = source.detach()[rows].to(weight.dtype)
+    return weight, copied
+
+
+def swap_embeddings(model: RobertaMLM, weight: Tensor, bias: Tensor | None = None) -> RobertaMLM:
+    """Install token embeddings of any vocabulary size (and the primary head's output bias), in place.
+
+    The new matrix becomes the one object every MLM head's projection is tied to. Without a
+    ``bias``, heads keep theirs when the size is unchanged and get zeros otherwise."""
+    vocab, hidden = weight.shape
+    if hidden != model.cfg.hidden:
+        raise PlugError(f"embeddings have width {hidden}, the model {model.cfg.hidden}")
+    pad = model.cfg.pad_id
+    if pad >= vocab:
+        raise PlugError(f"embeddings have {vocab} rows, fewer than the padding id {pad} + 1")
+    old_vocab = model.cfg.vocab_size
+    tokens = nn.Embedding(vocab, hidden, padding_idx=pad)
+    with torch.no_grad():
+        tokens.weight.copy_(weight)
+    tokens.weight.requires_grad_(model.embeddings.tokens.weight.requires_grad)
+    model.embeddings.tokens = tokens
+    model.cfg = replace(model.cfg, vocab_size=vocab)
+    for name, head in model.heads.items():
+        head.decoder = nn.Linear(hidden, vocab, bias=False)
+        new_bias = bias if (bias is not None and name == PRIMARY) else (head.bias.detach() if vocab == old_vocab else None)
+        requires_grad = head.bias.requires_grad
+        head.bias = nn.Parameter(new_bias.clone() if new_bias is not None else torch.zeros(vocab),
+                                 requires_grad=requires_grad)
+    model.tie_weights()
+    return model
+
+
+def adaptation_state(model: RobertaMLM) -> dict[str, Tensor]:
+    """What step 4 needs from an adapted model: embeddings and output bias (detached CPU copies)."""
+    return {"embeddings": model.embeddings.tokens.weight.detach().cpu().clone(),
+            "bias": model.heads[PRIMARY].bias.detach().cpu().clone()}
+
+
+def plug_embeddings(model: RobertaMLM, adapted: dict, tokenizer_sha256: str, tokenizer_vocab: int) -> RobertaMLM:
+    """Install adapted target-language embeddings (an adaptation checkpoint's dict) into ``model``.
+
+    The tokenizer that will feed the model must be the one the embeddings were trained with."""
+    emb = adapted["embeddings"]
+    where = f"adaptation checkpoint ({adapted.get('system', '?')}, {adapted.get('lang', '?')}, step {adapted.get('step', '?')})"
+    if adapted["tokenizer"]["sha256"] != tokenizer_sha256:
+        raise PlugError(f"{where} was trained with tokenizer {adapted['tokenizer']['path']} "
+                        f"(sha256 {adapted['tokenizer']['sha256'][:12]}), not the one given (sha256 {tokenizer_sha256[:12]})")
+    if emb.shape[0] != tokenizer_vocab:
+        raise PlugError(f"{where} has {emb.shape[0]} embedding rows but the tokenizer has {tokenizer_vocab} pieces")
+    if emb.shape[1] != model.cfg.hidden:
+        raise PlugError(f"{where} has embeddings of width {emb.shape[1]}, the model expects {model.cfg.hidden}")
+    return swap_embeddings(model, emb, adapted.get("bias"))
