@@ -47,6 +47,18 @@ def cmd_adapt(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
     run_adapt(cfg, progress_bar=not args.no_progress)
 
 
+def cmd_finetune(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+    from minimodel.stages.finetune import run_all_finetuning
+
+    run_all_finetuning(cfg, progress_bar=not args.no_progress)
+
+
+def cmd_evaluate(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+    from minimodel.stages.evaluate import run_evaluate
+
+    print(run_evaluate(cfg, progress=not args.no_progress))
+
+
 def cmd_flops(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
     from minimodel.analysis import cost_table
 
@@ -58,6 +70,8 @@ COMMANDS: dict[str, tuple[Callable[[ExperimentConfig, argparse.Namespace], None]
     "pretrain": (cmd_pretrain, "step 1: MLM pretraining (resumes if a checkpoint exists)"),
     "bridge": (cmd_bridge, "step 1b (MiniPost): train the bridge layers of the mini-model"),
     "adapt": (cmd_adapt, "step 2: learn target-language embeddings (needs lang=xx)"),
+    "finetune": (cmd_finetune, "step 3: finetune on English tasks (task=NAME seed=N, or all tasks x seeds)"),
+    "evaluate": (cmd_evaluate, "step 4: zero-shot evaluation of every adaptation checkpoint (results.jsonl)"),
     "flops": (cmd_flops, "print the experiment's training cost (paper formulas A1, A3, A4)"),
 }
 

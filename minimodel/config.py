@@ -99,6 +99,47 @@ class AdaptConfig:
 
 
 @dataclass
+class TaskConfig:
+    """One downstream task. ``kind: hub`` tasks are xnli / pawsx / mlqa / xquad (from the Hugging Face
+    hub, or from ``source`` / ``train_source`` holding files in the hub schema); ``kind: local`` is a
+    classification task in ``source`` (train/dev files and test.{lang} files)."""
+
+    kind: str = "hub"  # hub | local
+    source: str = ""  # local data of the task ("" = the hub)
+    train_source: str = ""  # local English training data when the task trains on another one (SQuAD for QA)
+    text_fields: list[str] = field(default_factory=lambda: ["text"])  # local tasks
+    label_field: str = "label"  # local tasks
+    lr: float = 1e-5
+    max_len: int = 256  # classification; QA uses 384 by default
+    stride: int = 128  # QA document stride
+    max_answer_len: int = 30
+    n_best: int = 20
+    max_train_examples: int = 0  # 0 = all
+    langs: list[str] = field(default_factory=list)  # evaluation languages ([] = target_langs the task has)
+
+
+def _paper_tasks() -> dict[str, TaskConfig]:
+    return {"xnli": TaskConfig(lr=1e-5), "pawsx": TaskConfig(lr=1e-5),
+            "mlqa": TaskConfig(lr=3e-5, max_len=384), "xquad": TaskConfig(lr=3e-5, max_len=384)}
+
+
+@dataclass
+class FinetuneConfig:
+    tasks: list[str] = field(default_factory=lambda: ["xnli", "pawsx", "mlqa", "xquad"])
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    epochs: float = 3.0
+    warmup_ratio: float = 0.06
+    batch_size: int = 32  # global
+    micro_batch: int = 32
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-6
+    grad_clip: float = 1.0
+    eval_batch: int = 64
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+@dataclass
 class LoggingConfig:
     wandb: str = "auto"  # auto (offline unless an API key is configured) | online | offline | disabled
     project: str = ""  # default: minimodel-{name}
@@ -118,6 +159,11 @@ class ExperimentConfig:
     pretrain: StageConfig = field(default_factory=StageConfig)
     bridge: BridgeConfig = field(default_factory=BridgeConfig)
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
+    tasks: dict[str, TaskConfig] = field(default_factory=_paper_tasks)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    task: str = ""  # the task of one `minimodel finetune` call
+    seed: int = 0  # the seed of one `minimodel finetune` call
+    body: str = "primary"  # finetune the primary model, or (MiniJoint) its mini-model: English table 5
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     @property
@@ -263,6 +309,23 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
         fail(f"adapt.init must be 'overlap' or 'random', got {cfg.adapt.init!r}")
     if cfg.logging.wandb not in ("auto", "online", "offline", "disabled"):
         fail(f"logging.wandb must be auto|online|offline|disabled, got {cfg.logging.wandb!r}")
+    for name, t in cfg.tasks.items():
+        if t.kind not in ("hub", "local"):
+            fail(f"tasks.{name}.kind must be 'hub' or 'local', got {t.kind!r}")
+        if t.kind == "local" and not t.source:
+            fail(f"tasks.{name}: a local task needs tasks.{name}.source (its data directory)")
+    for name in cfg.finetune.tasks:
+        if name not in cfg.tasks:
+            fail(f"finetune.tasks names '{name}', which is not defined under tasks: (defined: {sorted(cfg.tasks)})")
+    if cfg.task and cfg.task not in cfg.tasks:
+        fail(f"task={cfg.task} is not defined under tasks: (defined: {sorted(cfg.tasks)})")
+    if cfg.body not in ("primary", "mini"):
+        fail(f"body must be 'primary' or 'mini', got {cfg.body!r}")
+    if cfg.body == "mini" and cfg.system != "minijoint":
+        fail("body=mini (finetuning the mini-model on its own) is for minijoint")
+    f = cfg.finetune
+    if f.batch_size % f.micro_batch:
+        fail(f"finetune.batch_size ({f.batch_size}) must be a multiple of finetune.micro_batch ({f.micro_batch})")
     for stage in ("pretrain", "bridge", "adapt"):
         o = getattr(cfg, stage).optim
         if o.global_batch % o.micro_batch:

@@ -524,6 +524,11 @@ def is_done(run_dir: Path) -> bool:
     return (run_dir / DONE).is_file()
 
 
+def read_done(run_dir: Path) -> dict | None:
+    path = run_dir / DONE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def write_done(run_dir: Path, info: dict) -> None:
     tmp = run_dir / f".{DONE}.tmp"
     tmp.write_text(json.dumps(info, indent=1, default=str))

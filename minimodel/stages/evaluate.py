@@ -1,0 +1,111 @@
+"""Step 4: zero-shot evaluation with swapped embeddings.
+
+For every finetuned seed, every target language and every adaptation checkpoint: swap that
+checkpoint's embeddings (and its tokenizer) into the finetuned body and evaluate on the language's
+test set. Each finetuned body is loaded once and many embeddings are swapped into it; each
+language's test set is featurised once. Rows go to ``{run_dir}/results.jsonl``; an interrupted
+evaluation resumes without duplicates."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from minimodel.config import ConfigError, ExperimentConfig
+from minimodel.data.downstream import TaskData, evaluate
+from minimodel.data.prepare import prepared_paths
+from minimodel.data.tokenizer import Tokenizer
+from minimodel.results import KEY, ResultsTable
+from minimodel.stages import common
+from minimodel.stages.adapt import adaptation_checkpoints, load_adaptation
+from minimodel.stages.finetune import finetune_dir, load_finetuned
+from minimodel.surgery import PlugError, plug_embeddings
+
+
+def device_for(cfg: ExperimentConfig) -> torch.device:
+    accel = cfg.finetune.trainer.accelerator
+    if accel in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def english_rows(cfg: ExperimentConfig, task: str, seed: int, body: str) -> list[dict]:
+    """Rows of the English scores a finished finetuning run recorded (Table 5)."""
+    done = finetune_dir(cfg, task, seed) if body == "primary" else cfg.run_dir / "finetune_mini" / task / f"seed{seed}"
+    info = common.read_done(done)
+    if info is None:
+        return []
+    base = {"system": cfg.system, "body": body, "task": task, "lang": cfg.source_lang, "seed": seed, "step": -1,
+            "flops": 0.0, "v100_days": 0.0}
+    return [{**base, "split": split, "metric": metric, "value": value}
+            for split, scores in info["english"].items() for metric, value in scores.items()]
+
+
+def check_adaptation(adapted: dict, cfg: ExperimentConfig, lang: str, path: Path) -> None:
+    if adapted["system"] != cfg.system or adapted["lang"] != lang:
+        raise PlugError(f"{path} is an adaptation checkpoint of {adapted['system']}/{adapted['lang']}, "
+                        f"not of {cfg.system}/{lang}")
+
+
+def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
+    table = ResultsTable(cfg.run_dir / "results.jsonl")
+    done = table.keys()
+    tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
+    seeds = [cfg.seed] if cfg.seed else list(cfg.finetune.seeds)
+    device = device_for(cfg)
+    cache: dict[tuple[str, str], tuple[Tokenizer, list, list]] = {}
+    plan = []  # (task, seed, lang, checkpoint)
+    for task in tasks:
+        data = TaskData(task, cfg.tasks[task])
+        langs = [cfg.lang] if cfg.lang else data.languages(cfg.target_langs)
+        for seed in seeds:
+            for lang in langs:
+                ckpts = adaptation_checkpoints(cfg.run_dir / "adapt" / lang)
+                if not ckpts:
+                    raise common.CheckpointError(f"no adaptation checkpoints for {lang} in "
+                                                 f"{cfg.run_dir / 'adapt' / lang} (run `minimodel adapt ... lang={lang}`)")
+                plan += [(task, seed, lang, c) for c in ckpts]
+    english = [r for task in tasks for seed in seeds for body in ("primary", "mini")
+               for r in english_rows(cfg, task, seed, body) if tuple(r[k] for k in KEY) not in done]
+    table.append(english)
+    todo = [p for p in plan if (cfg.system, "primary", p[0], p[2], p[1], int(p[3].stem.removeprefix("step"))) not in done]
+    print(f"[minimodel] evaluate {cfg.system}: {len(plan)} (task, seed, language, checkpoint) evaluations, "
+          f"{len(plan) - len(todo)} already in {table.path}", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    bar = tqdm(total=len(todo), desc="evaluate", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    loaded: tuple[str, int] | None = None
+    body = head = None
+    for task, seed, lang, path in todo:
+        data = TaskData(task, cfg.tasks[task])
+        if loaded != (task, seed):
+            model_path = finetune_dir(cfg, task, seed) / "model.pt"
+            if not model_path.exists():
+                raise common.CheckpointError(f"{model_path} not found: run `minimodel finetune ... task={task} seed={seed}`")
+            body, head, _ = load_finetuned(model_path)
+            body.to(device), head.to(device)
+            loaded = (task, seed)
+        if (task, lang) not in cache:
+            tok = Tokenizer(prepared_paths(cfg, lang).tokenizer)
+            records = data.records("test", lang)
+            cache[(task, lang)] = (tok, records, data.features(records, tok))
+        tok, records, features = cache[(task, lang)]
+        adapted = load_adaptation(path)
+        check_adaptation(adapted, cfg, lang, path)
+        plug_embeddings(body, adapted, tok.sha256, tok.vocab_size)
+        body.to(device)
+        scores = evaluate(data, body, head, records, features, lang, cfg.finetune.eval_batch, device)
+        base = {"system": cfg.system, "body": "primary", "task": task, "lang": lang, "seed": seed,
+                "step": int(adapted["step"]), "flops": float(adapted["flops"]), "v100_days": float(adapted["v100_days"]),
+                "split": "test"}
+        table.append({**base, "metric": m, "value": v} for m, v in scores.items())
+        bar.update(1)
+    bar.close()
+    if todo:
+        took = time.perf_counter() - started
+        print(f"[minimodel] evaluated {len(todo)} checkpoints in {took:.1f} s ({took / len(todo):.2f} s each)",
+              file=sys.stderr, flush=True)
+    return table.path

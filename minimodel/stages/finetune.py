@@ -1,0 +1,235 @@
+"""Step 3: finetune the primary model on an English task with the embeddings frozen.
+
+Frozen: the embedding layer (token and position embeddings, LayerNorm), so that target-language
+embeddings learned in step 2 can be swapped in afterwards; the unused MLM heads. Trained: every
+transformer layer and the task head. Paper defaults: lr 1e-5 (XNLI, PAWS-X) / 3e-5 (MLQA, XQuAD),
+warmup ratio 0.06, linear decay, 3 epochs, 5 seeds, each its own run.
+
+A finished run writes ``model.pt`` (body + task head + what step 4 needs) and ``done.json`` with the
+English dev/test scores."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from torchmetrics.classification import MulticlassAccuracy
+
+from minimodel.config import ConfigError, ExperimentConfig, OptimConfig, save_config
+from minimodel.data.downstream import TaskData, evaluate, task_head
+from minimodel.data.mlm import ResumableSampler
+from minimodel.data.tasks import pad_collate
+from minimodel.model import RobertaMLM
+from minimodel.stages import common
+from minimodel.stages.adapt import primary_source
+from minimodel.stages.pretrain import load_source_tokenizer
+from minimodel.surgery import extract_mini, freeze_all_but, primary_only
+
+TRAIN_KEYS = ("input_ids", "label", "start_positions", "end_positions")
+
+
+def finetune_trainable(name: str) -> bool:
+    """Everything but the embedding layer and the MLM heads (the task head lives outside the body)."""
+    return not name.startswith(("embeddings.", "heads."))
+
+
+class PositionShuffled(Dataset):
+    """Items indexed by global sample position: epoch ``g // n`` is a seeded permutation."""
+
+    def __init__(self, items: list[dict[str, Any]], seed: int) -> None:
+        self.items, self.seed = items, seed
+        self._epoch, self._perm = -1, list(range(len(items)))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, g: int) -> dict[str, Any]:
+        epoch, i = divmod(g, len(self.items))
+        if epoch != self._epoch:
+            self._perm = torch.randperm(len(self.items), generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+            self._epoch = epoch
+        return self.items[self._perm[i]]
+
+
+class TaskDataModule(L.LightningDataModule):
+    """English training features (resumable, DDP-aware order) and dev features."""
+
+    def __init__(self, train: list[dict[str, Any]], dev: list[dict[str, Any]], micro_batch: int, global_batch: int,
+                 eval_batch: int, seed: int) -> None:
+        super().__init__()
+        self.train = [{k: f[k] for k in TRAIN_KEYS if k in f} for f in train]
+        self.dev = [{k: f[k] for k in TRAIN_KEYS if k in f} for f in dev]
+        self.micro_batch, self.global_batch, self.eval_batch, self.seed = micro_batch, global_batch, eval_batch, seed
+        self.consumed = 0
+
+    def _rank_world(self) -> tuple[int, int]:
+        return (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
+
+    def train_dataloader(self) -> DataLoader:
+        rank, world = self._rank_world()
+        sampler = ResumableSampler(self.consumed, self.micro_batch, rank, world)
+        return DataLoader(PositionShuffled(self.train, self.seed), batch_size=self.micro_batch, sampler=sampler,
+                          collate_fn=pad_collate, generator=torch.Generator().manual_seed(self.seed))
+
+    def val_dataloader(self) -> DataLoader:
+        rank, world = self._rank_world()
+        return DataLoader(self.dev, batch_size=self.eval_batch, sampler=list(range(rank, len(self.dev), world)),
+                          collate_fn=pad_collate, generator=torch.Generator().manual_seed(self.seed))
+
+    def state_dict(self) -> dict:
+        consumed = self.trainer.global_step * self.global_batch if self.trainer is not None else self.consumed
+        return {"consumed": int(consumed)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.consumed = int(state["consumed"])
+
+
+class FinetuneModule(L.LightningModule):
+    def __init__(self, body: RobertaMLM, head: nn.Module, qa: bool, num_labels: int, optim: OptimConfig,
+                 meta: dict) -> None:
+        super().__init__()
+        self.body, self.head, self.qa, self.optim_cfg, self.meta = body, head, qa, optim, meta
+        self.val_acc = MulticlassAccuracy(num_classes=max(2, num_labels), average="micro") if not qa else None
+
+    def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = self.head(self.body.encode(batch["input_ids"]))
+        if self.qa:
+            start, end = out
+            return (F.cross_entropy(start.float(), batch["start_positions"])
+                    + F.cross_entropy(end.float(), batch["end_positions"])) / 2, None
+        return F.cross_entropy(out.float(), batch["label"]), out
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        loss, _ = self.loss(batch)
+        common.check_finite(loss, self.global_step)
+        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
+        return loss
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        loss, logits = self.loss(batch)
+        self.log("val/loss", loss, on_epoch=True, sync_dist=True, batch_size=len(batch["input_ids"]))
+        if logits is not None and self.val_acc is not None:
+            self.val_acc.update(logits.argmax(-1), batch["label"])
+
+    def on_validation_epoch_end(self) -> None:
+        if self.val_acc is not None:
+            self.log("val/acc", 100.0 * self.val_acc.compute())
+            self.val_acc.reset()
+
+    def configure_optimizers(self) -> dict:
+        params = [p for p in self.parameters() if p.requires_grad]
+        return common.lightning_optim(*common.build_optimizer(params, self.optim_cfg))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["minimodel"] = {**self.meta, "step": self.global_step}
+
+
+def finetune_dir(cfg: ExperimentConfig, task: str, seed: int) -> Path:
+    """MiniPost's primary model is BL_BASE (unless bridge.source names another): it shares BL_BASE's runs."""
+    if cfg.body == "mini":
+        return cfg.run_dir / "finetune_mini" / task / f"seed{seed}"
+    system_dir = cfg.run_dir.parent / "bl_base" if (cfg.system == "minipost" and not cfg.bridge.source) else cfg.run_dir
+    return system_dir / "finetune" / task / f"seed{seed}"
+
+
+def finetune_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str]:
+    source = primary_source(cfg)
+    if cfg.system == "minipost" and cfg.bridge.source:
+        from minimodel.stages.bridge import load_primary
+
+        return load_primary(source), source
+    path = Path(source)
+    if not path.exists():
+        raise common.CheckpointError(f"finetuning needs the step-1 model {path}: run `minimodel pretrain` first")
+    model, _ = common.load_model(path)
+    if cfg.body == "mini":
+        return extract_mini(model, cfg.mini_depth), source
+    return primary_only(model), source
+
+
+def finetune_optim(cfg: ExperimentConfig, task: str, n_train: int) -> OptimConfig:
+    f = cfg.finetune
+    steps = max(1, math.floor(f.epochs * n_train / f.batch_size))
+    return OptimConfig(lr=cfg.tasks[task].lr, betas=list(f.betas), eps=f.eps, weight_decay=f.weight_decay,
+                       warmup_updates=round(f.warmup_ratio * steps), updates=steps, global_batch=f.batch_size,
+                       micro_batch=f.micro_batch, grad_clip=f.grad_clip)
+
+
+def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool = True) -> Path:
+    run_dir = finetune_dir(cfg, task, seed)
+    if common.is_done(run_dir):
+        print(f"[minimodel] {run_dir} is complete; skipping", flush=True)
+        return run_dir
+    data = TaskData(task, cfg.tasks[task])
+    tok = load_source_tokenizer(cfg)
+    train_records = data.records("train")
+    if cfg.tasks[task].max_train_examples:
+        train_records = train_records[: cfg.tasks[task].max_train_examples]
+    dev_records, test_records = data.records("dev"), data.records("test", "en")
+    train, dev, test = (data.features(r, tok) for r in (train_records, dev_records, test_records))
+    optim = finetune_optim(cfg, task, len(train))
+    steps_per_epoch = max(1, optim.updates // max(1, math.ceil(cfg.finetune.epochs)))
+    t = replace(cfg.finetune.trainer, val_every=min(cfg.finetune.trainer.val_every, steps_per_epoch))
+    run = common.StageRun(run_dir, f"{cfg.system}/finetune/{task}/seed{seed}" + ("/mini" if cfg.body == "mini" else ""),
+                          t, optim)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    L.seed_everything(seed, workers=True, verbose=False)
+    body, source = finetune_body(cfg)
+    n_train = freeze_all_but(body, finetune_trainable)
+    head = task_head(data, body.cfg.hidden, body.cfg.dropout)
+    meta = {"stage": "finetune", "system": cfg.system, "task": task, "seed": seed, "body": cfg.body,
+            "source": source, "model_config": asdict(body.cfg), "labels": list(data.labels), "qa": data.is_qa,
+            "tokenizer": {"path": str(tok.path), "sha256": tok.sha256}}
+    print(f"[minimodel] finetune {cfg.system} ({cfg.body}) on {task}, seed {seed}: {len(train):,} training features, "
+          f"{optim.updates} updates, {n_train + sum(p.numel() for p in head.parameters()):,} trainable parameters",
+          flush=True)
+    module = FinetuneModule(body, head, data.is_qa, len(data.labels), optim, meta)
+    dm = TaskDataModule(train, dev, optim.micro_batch, optim.global_batch, cfg.finetune.eval_batch, seed)
+    callbacks = [common.ScheduledCheckpoints(run.ckpt_dir, t.ckpt_every, t.ckpt_steps, t.max_minutes, t.stop_at,
+                                             keep_steps=False)]
+    trainer = common.make_trainer(cfg, run, callbacks, common.world_size(t), progress_bar)
+    common.fit(trainer, module, dm, run)
+    if trainer.global_step >= optim.updates and trainer.is_global_zero:
+        device = next(body.parameters()).device
+        english = {"dev": evaluate(data, body, head, dev_records, dev, "en", cfg.finetune.eval_batch, device),
+                   "test": evaluate(data, body, head, test_records, test, "en", cfg.finetune.eval_batch, device)}
+        common.atomic_torch_save({**meta, "body_state": {k: v.cpu() for k, v in body.state_dict().items()},
+                                  "head_state": {k: v.cpu() for k, v in head.state_dict().items()},
+                                  "english": english, "step": trainer.global_step}, run_dir / "model.pt")
+        common.write_done(run_dir, {"step": trainer.global_step, "english": english})
+        print(f"[minimodel] {task} seed {seed}: English dev {english['dev']}, test {english['test']}", flush=True)
+    return run_dir
+
+
+def load_finetuned(path: Path) -> tuple[RobertaMLM, nn.Module, dict]:
+    """Body and task head of a finished step-3 run (``model.pt``)."""
+    from minimodel.model import ClassificationHead, ModelConfig, SpanHead
+
+    ckpt = common.load_checkpoint(path)
+    if "body_state" not in ckpt:
+        raise common.CheckpointError(f"{path} is not a finetuned model (no body_state)")
+    body = RobertaMLM(ModelConfig(**ckpt["model_config"]))
+    body.load_state_dict(ckpt["body_state"])
+    body.tie_weights()
+    cfg = body.cfg
+    head: nn.Module = SpanHead(cfg.hidden) if ckpt["qa"] else ClassificationHead(cfg.hidden, len(ckpt["labels"]), cfg.dropout)
+    head.load_state_dict(ckpt["head_state"])
+    return body, head, ckpt
+
+
+def run_all_finetuning(cfg: ExperimentConfig, progress_bar: bool = True) -> list[Path]:
+    """``task=`` / ``seed=`` select one run; otherwise every task of finetune.tasks x finetune.seeds."""
+    tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
+    seeds = [cfg.seed] if cfg.seed else list(cfg.finetune.seeds)
+    if not tasks:
+        raise ConfigError("no task to finetune: set task=NAME or finetune.tasks")
+    return [run_finetune(cfg, t, s, progress_bar) for t in tasks for s in seeds]
