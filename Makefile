@@ -1,19 +1,35 @@
-# minimodel: `make demo` runs the bundled demo end to end, `make test` runs the tests.
-# Both create .venv and install what they need (a pinned CPU-or-CUDA torch first, then the package).
+# minimodel: `make demo` runs all four systems on the bundled demo data, `make test` runs the tests.
+# Both create .venv and install what they need (a pinned torch first, then the package).
+#
+# Experiments: make bl_base | bl_small | minijoint | minipost | depth_sweep | small
+# Each runs every step in order (prepare, pretrain, bridge, adapt per language, finetune per task and
+# seed, evaluate, report), skips finished steps and resumes unfinished ones. Overrides:
+#   make minijoint LANGS=de,tr TASKS=xnli SEEDS=2 ARGS="pretrain.optim.micro_batch=16"
+# SLURM: make submit EXP=minijoint LAUNCHER=a100 [DRY=1]
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
-EXP ?= experiments/tiny.yaml
-ARGS ?=
+MM := $(BIN)/minimodel
 
-.PHONY: setup test test-fast demo tiny clean-runs help
+LANGS ?=
+TASKS ?=
+SEEDS ?=
+ARGS ?=
+EXP ?= demo
+LAUNCHER ?= local
+DRY ?=
+
+comma := ,
+seeds_list = $(shell seq -s, 1 $(SEEDS))
+OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
+             $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
+
+.PHONY: help setup test test-fast demo bl_base bl_small minijoint minipost depth_sweep small report submit bench flops
 
 help:
-	@echo "make demo   - tiny MiniJoint on the bundled real English corpus (CPU, minutes)"
-	@echo "make test   - the test suite (CPU)"
-	@echo "make setup  - create $(VENV) and install minimodel with its dev and hf extras"
+	@sed -n '1,10p' Makefile
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +47,19 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
 demo: setup
-	$(BIN)/minimodel prepare $(EXP) --langs en $(ARGS)
-	$(BIN)/minimodel pretrain $(EXP) $(ARGS)
+	$(MM) run experiments/demo.yaml $(OVERRIDES)
 
-clean-runs:
-	rm -rf runs/tiny runs/prepared/tiny
+bl_base bl_small minijoint minipost depth_sweep small: setup
+	$(MM) run experiments/$@.yaml $(OVERRIDES)
+
+report: setup
+	$(MM) report experiments/$(EXP).yaml $(OVERRIDES)
+
+flops: setup
+	$(MM) flops experiments/$(EXP).yaml $(OVERRIDES)
+
+submit: setup
+	$(MM) submit experiments/$(EXP).yaml $(OVERRIDES) --launcher $(LAUNCHER) $(if $(DRY),--dry-run)
+
+bench: setup
+	$(BIN)/python benchmarks/run_all.py

@@ -1,9 +1,19 @@
-"""Compute accounting and result analysis: cost tables from the paper's formulas."""
+"""Compute accounting (cost tables from the paper's formulas) and result analysis (the paper's Tables 2-5
+and Figures 1 and 3 from the experiment's ``results.jsonl`` files, written as ``report.md``)."""
 
 from __future__ import annotations
 
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import fmean as mean
+from typing import Iterable, Mapping, Sequence
+
 from minimodel.config import ExperimentConfig
 from minimodel.flops import adapt_flops, bridge_flops, pretrain_flops, v100_days
+from minimodel.results import ResultsTable
 
 
 def cost_rows(cfg: ExperimentConfig) -> list[dict]:
@@ -45,3 +55,446 @@ def cost_table(cfg: ExperimentConfig) -> str:
         lines.append(f"| {r['step']} | {r['formula']} | {r['layers']} | {r['updates']:,} | {r['batch']:,} | "
                      f"{r['flops'] / 1e18:.4g} | {r['v100_days']:.4g} |")
     return head + "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# Results analysis: the paper's Tables 2-5 and Figures 1 and 3 from the experiment's results.jsonl files.
+# --------------------------------------------------------------------------------------------------
+
+REFERENCE = "bl_base"  # BL_BASE: standard adaptation of the 12-layer model, the reference of every speedup
+SYSTEM_ORDER = ("bl_base", "bl_small", "minijoint", "minipost")
+NEAR_MAX = 0.95  # near-maximal performance: 95% of BL_BASE's final score
+_SWEEP = re.compile(r"^(?P<base>.+)-n(?P<depth>\d+)$")  # depth-sweep labels: minijoint-n2, minipost-n6, ...
+MISSING = "—"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One adaptation checkpoint's score (averaged over seeds) and the adaptation cost up to it."""
+
+    step: int
+    flops: float
+    days: float
+    score: float
+
+
+@dataclass
+class Results:
+    """The seed-averaged results of one experiment, main metric of each task, test split."""
+
+    curves: dict[tuple[str, str, str], list[Point]] = field(default_factory=dict)  # (system, task, lang) -> by step
+    english: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (system, body, task) -> score
+    metrics: dict[str, str] = field(default_factory=dict)  # task -> main metric
+    seeds: set[int] = field(default_factory=set)
+    n_rows: int = 0
+
+    @property
+    def systems(self) -> list[str]:
+        return sort_systems({s for s, _, _ in self.curves})
+
+    @property
+    def main_systems(self) -> list[str]:
+        return [s for s in self.systems if not _SWEEP.match(s)]
+
+    @property
+    def sweep_systems(self) -> list[str]:
+        return [s for s in self.systems if _SWEEP.match(s)]
+
+    @property
+    def tasks(self) -> list[str]:
+        return sorted({t for _, t, _ in self.curves})
+
+    def langs(self, task: str) -> list[str]:
+        return sorted({lang for _, t, lang in self.curves if t == task})
+
+    def final(self, system: str, task: str, lang: str) -> Point | None:
+        curve = self.curves.get((system, task, lang))
+        return curve[-1] if curve else None
+
+    def target(self, task: str, lang: str) -> float | None:
+        """95% of BL_BASE's final score: the same target for every system."""
+        ref = self.final(REFERENCE, task, lang)
+        return None if ref is None else NEAR_MAX * ref.score
+
+    def days_to_target(self, system: str, task: str, lang: str) -> float | None:
+        """V100-days to near-maximal performance; None when the system or the target is missing."""
+        target, curve = self.target(task, lang), self.curves.get((system, task, lang))
+        if target is None or not curve:
+            return None
+        return time_to_target([p.days for p in curve], [p.score for p in curve], target)
+
+
+def sort_systems(labels: Iterable[str]) -> list[str]:
+    """The paper's order (BL_BASE, BL_SMALL, MiniJoint, MiniPost), then others; sweep variants by depth."""
+    def key(label: str) -> tuple:
+        m = _SWEEP.match(label)
+        base, depth = (m["base"], int(m["depth"])) if m else (label, -1)
+        rank = SYSTEM_ORDER.index(base) if base in SYSTEM_ORDER else len(SYSTEM_ORDER)
+        return (m is not None, rank, base, depth, label)
+    return sorted(labels, key=key)
+
+
+def time_to_target(xs: Sequence[float], scores: Sequence[float], target: float) -> float:
+    """The x at which ``scores`` first reach ``target``, linearly interpolated between the checkpoint
+    before and the first checkpoint that reaches it; ``xs[0]`` when the first one already does (no
+    earlier point); ``math.inf`` when none does. Later dips do not matter.
+
+    >>> time_to_target([5000, 10000], [48, 52], 50)
+    7500.0
+    """
+    if len(xs) != len(scores):
+        raise ValueError(f"{len(xs)} xs but {len(scores)} scores")
+    if any(b < a for a, b in zip(xs, xs[1:])):
+        raise ValueError("xs must be ascending")
+    tol = 1e-9 * max(1.0, abs(target))  # 0.95 * 80 is 75.99999999999999 in floating point
+    for i, s in enumerate(scores):
+        if s >= target - tol:
+            if i == 0:
+                return float(xs[0])
+            x0, x1, s0 = xs[i - 1], xs[i], scores[i - 1]
+            frac = min(1.0, max(0.0, (target - s0) / (s - s0)))
+            return float(x0 + frac * (x1 - x0))
+    return math.inf
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """Mean over languages of BL_BASE days / system days; ``excluded``: languages with ∞ (or 0 days)."""
+
+    mean: float  # nan when no language is usable
+    used: tuple[str, ...]
+    excluded: tuple[str, ...]
+
+
+def speedups(base_days: Mapping[str, float], system_days: Mapping[str, float]) -> Speedup:
+    """Average speedup over the reference: the MEAN of the per-language ratios (not the ratio of mean
+    days), over the languages both have; languages where either side is ∞ are excluded.
+
+    >>> speedups({"ar": 10.0, "de": 2.0}, {"ar": 1.0, "de": 2.0}).mean  # (10 + 1) / 2, not 6 / 1.5
+    5.5
+    """
+    used, excluded, ratios = [], [], []
+    for lang in sorted(set(base_days) & set(system_days)):
+        b, s = base_days[lang], system_days[lang]
+        if math.isinf(b) or math.isinf(s) or s <= 0:
+            excluded.append(lang)
+        else:
+            used.append(lang)
+            ratios.append(b / s)
+    return Speedup(sum(ratios) / len(ratios) if ratios else math.nan, tuple(used), tuple(excluded))
+
+
+def results_from_rows(rows: Iterable[dict]) -> Results:
+    """Average over seeds. A checkpoint counts only once every seed seen for its (system, task,
+    language) has it, so a half-finished evaluation does not mix seeds."""
+    rows = list(rows)
+    res = Results(n_rows=len(rows))
+    for r in rows:
+        if r.get("metric") == "f1":
+            res.metrics[r["task"]] = "f1"
+        else:
+            res.metrics.setdefault(r["task"], "accuracy")
+    latest: dict[tuple, dict] = {}  # a row written twice: keep the last
+    for r in rows:
+        if r.get("split") == "test" and r.get("metric") == res.metrics[r["task"]]:
+            latest[(r["system"], r["body"], r["task"], r["lang"], int(r["seed"]), int(r["step"]))] = r
+    res.seeds = {k[4] for k in latest}
+    adapted: dict[tuple[str, str, str], dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    english: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for (system, body, task, lang, _, step), r in latest.items():
+        if step < 0:
+            english[(system, body, task)].append(float(r["value"]))
+        elif body == "primary":
+            adapted[(system, task, lang)][step].append(r)
+    for key, by_step in adapted.items():
+        n_seeds = len({r["seed"] for rs in by_step.values() for r in rs})
+        points = [Point(step, mean(r["flops"] for r in rs), mean(r["v100_days"] for r in rs), mean(r["value"] for r in rs))
+                  for step, rs in sorted(by_step.items()) if len(rs) == n_seeds]
+        if points:
+            res.curves[key] = points
+    res.english = {k: mean(v) for k, v in english.items()}
+    return res
+
+
+def load_results(runs_dir: str | Path, name: str) -> Results:
+    """Every ``{runs_dir}/{name}/*/results.jsonl`` (a partial last line is ignored)."""
+    rows = [r for path in sorted((Path(runs_dir) / name).glob("*/results.jsonl")) for r in ResultsTable(path).rows()]
+    return results_from_rows(rows)
+
+
+# ---- formatting ---------------------------------------------------------------------------------
+
+def fmt_score(x: float | None) -> str:
+    return MISSING if x is None or math.isnan(x) else f"{x:.1f}"
+
+
+def fmt_days(x: float | None) -> str:
+    """3 significant digits, readable from the paper's 20.9 down to a demo's 2.1e-09; ∞ for never hit."""
+    if x is None or math.isnan(x):
+        return MISSING
+    if math.isinf(x):
+        return "∞"
+    return f"{x:,.0f}" if x >= 1000 else f"{x:.3g}"
+
+
+def fmt_speedup(x: float) -> str:
+    return MISSING if math.isnan(x) else f"{x:.3g}×"
+
+
+def _mean_or_none(values: list[float | None]) -> float | None:
+    """The mean when every value is there (∞ when one is ∞), else None."""
+    return None if not values or any(v is None for v in values) else mean(values)  # type: ignore[arg-type]
+
+
+def _table(header: list[str], rows: list[list[str]], left: int = 1) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * left + ["---:"] * (len(header) - left)) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _task_title(res: Results, task: str) -> str:
+    return f"**{task}** ({res.metrics.get(task, '?')})"
+
+
+# ---- tables -------------------------------------------------------------------------------------
+
+def table_final(res: Results) -> str:
+    """Table 2: score at the last adaptation checkpoint per language, average, and step-2 cost per language."""
+    blocks = []
+    for task in res.tasks:
+        langs = res.langs(task)
+        rows = []
+        for system in res.main_systems:
+            finals = [res.final(system, task, lang) for lang in langs]
+            if all(p is None for p in finals):
+                continue
+            have = [p for p in finals if p is not None]
+            avg = _mean_or_none([None if p is None else p.score for p in finals])
+            flops = mean(p.flops for p in have)
+            rows.append([system, *(fmt_score(None if p is None else p.score) for p in finals), fmt_score(avg),
+                         fmt_days(flops / 1e18), fmt_days(v100_days(flops))])
+        targets = [res.target(task, lang) for lang in langs]
+        if any(t is not None for t in targets):
+            rows.append([f"target ({NEAR_MAX:.0%} of {REFERENCE})", *(fmt_score(t) for t in targets),
+                         fmt_score(_mean_or_none(targets)), "", ""])
+        blocks.append(_task_title(res, task) + "\n\n" + _table(["system", *langs, "avg", "EFLOPs", "V100-days"], rows))
+    return "\n\n".join(blocks)
+
+
+def table_time(res: Results) -> str | None:
+    """Table 3: V100-days to near-maximal performance per language; None without BL_BASE."""
+    if not any(s == REFERENCE for s, _, _ in res.curves):
+        return None
+    blocks = []
+    for task in res.tasks:
+        langs = res.langs(task)
+        rows = []
+        for system in res.main_systems:
+            days = [res.days_to_target(system, task, lang) for lang in langs]
+            if all(d is None for d in days):
+                continue
+            rows.append([system, *(fmt_days(d) for d in days), fmt_days(_mean_or_none(days))])
+        blocks.append(_task_title(res, task) + "\n\n" + _table(["system", *langs, "avg"], rows))
+    return "\n\n".join(blocks)
+
+
+def system_speedup(res: Results, system: str, task: str) -> Speedup:
+    langs = res.langs(task)
+    def days(s: str) -> dict[str, float]:
+        return {lang: d for lang in langs if (d := res.days_to_target(s, task, lang)) is not None}
+    return speedups(days(REFERENCE), days(system))
+
+
+def table_speedup(res: Results) -> str | None:
+    """Figure 1 in numbers: average speedup of each system over BL_BASE per task; None without BL_BASE."""
+    if not any(s == REFERENCE for s, _, _ in res.curves):
+        return None
+    systems = [s for s in res.main_systems if s != REFERENCE]
+    if not systems:
+        return None
+    rows, notes = [], []
+    for system in systems:
+        cells = []
+        for task in res.tasks:
+            sp = system_speedup(res, system, task)
+            cells.append(fmt_speedup(sp.mean) + (f" ({len(sp.used)}/{len(res.langs(task))} langs)" if sp.used else ""))
+            if sp.excluded:
+                notes.append(f"{system} / {task}: {len(sp.excluded)} language(s) excluded (∞: the target is never "
+                             f"reached by one side): {', '.join(sp.excluded)}")
+        rows.append([system, *cells])
+    text = _table(["system", *res.tasks], rows)
+    if notes:
+        text += "\n\n" + "\n".join(f"- {n}" for n in notes)
+    return text
+
+
+def _depth_name(label: str) -> str:
+    m = _SWEEP.match(label)
+    return f"{m['base']} N={m['depth']}" if m else label
+
+
+def table_depth(res: Results) -> str | None:
+    """Table 4: V100-days to near-maximal performance per secondary-head depth N; None without a sweep."""
+    sweep = res.sweep_systems
+    if not sweep or not any(s == REFERENCE for s, _, _ in res.curves):
+        return None
+    columns = [s for s in [REFERENCE] if any(k[0] == s for k in res.curves)] + sweep
+    names = [s if s == REFERENCE else _depth_name(s) for s in columns]
+    blocks = []
+    for task in res.tasks:
+        langs = res.langs(task)
+        days = {s: [res.days_to_target(s, task, lang) for lang in langs] for s in columns}
+        rows = [[lang, *(fmt_days(days[s][i]) for s in columns)] for i, lang in enumerate(langs)]
+        rows.append(["avg", *(fmt_days(_mean_or_none(days[s])) for s in columns)])
+        rows.append(["speedup", *(MISSING if s == REFERENCE else fmt_speedup(system_speedup(res, s, task).mean)
+                                  for s in columns)])
+        blocks.append(_task_title(res, task) + "\n\n" + _table(["language", *names], rows))
+    return "\n\n".join(blocks)
+
+
+def table_english(res: Results) -> str | None:
+    """Table 5: English test scores of each finetuned primary model and of MiniJoint's mini-model."""
+    if not res.english:
+        return None
+    tasks = sorted({t for _, _, t in res.english})
+    order = sort_systems({s for s, _, _ in res.english})
+    keys = sorted({(s, b) for s, b, _ in res.english}, key=lambda k: (order.index(k[0]), k[1] != "primary", k[1]))
+    rows = [[s if b == "primary" else f"{s} ({b})", *(fmt_score(res.english.get((s, b, t))) for t in tasks)]
+            for s, b in keys]
+    return _table(["model", *(f"{t} ({res.metrics.get(t, '?')})" for t in tasks)], rows)
+
+
+# ---- Figure 3 -----------------------------------------------------------------------------------
+
+def average_curve(res: Results, system: str, task: str) -> list[tuple[float, float]]:
+    """(mean V100-days, mean score) over the system's languages, at the steps every language has."""
+    curves = [res.curves[k] for k in sorted(res.curves) if k[0] == system and k[1] == task]
+    if not curves:
+        return []
+    by_step = [{p.step: p for p in c} for c in curves]
+    steps = sorted(set.intersection(*(set(b) for b in by_step)))
+    return [(mean(b[s].days for b in by_step), mean(b[s].score for b in by_step)) for s in steps]
+
+
+def plot_curves(res: Results, out_dir: Path) -> dict[str, Path]:
+    """Figure 3: one PNG per task, score against V100-days, one line per system (averaged over
+    languages), dashed line at the mean near-maximal target. Returns task -> PNG path."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for task in res.tasks:
+        fig = Figure(figsize=(6, 4), dpi=100)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        for system in res.main_systems:
+            curve = average_curve(res, system, task)
+            if curve:
+                ax.plot([x for x, _ in curve], [y for _, y in curve], marker="o", markersize=3, label=system)
+        targets = [t for lang in res.langs(task) if (t := res.target(task, lang)) is not None]
+        if targets:
+            ax.axhline(mean(targets), linestyle="--", color="grey", linewidth=1,
+                       label=f"{NEAR_MAX:.0%} of {REFERENCE} (mean target)")
+        ax.set_xlabel("V100-days of adaptation (per language)")
+        ax.set_ylabel(f"{res.metrics.get(task, 'score')} (%)")
+        ax.set_title(f"{task}: average over {len(res.langs(task))} language(s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', task)}.png"
+        fig.savefig(path)
+        paths[task] = path
+    return paths
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+NO_REFERENCE = (f"No {REFERENCE} (BL_BASE) results: there is no near-maximal target ({NEAR_MAX:.0%} of BL_BASE's "
+                "final score), so the times to target, the speedups and the depth sweep are left out.")
+
+
+def render_report(res: Results, name: str, plots: Mapping[str, str]) -> str:
+    """The Markdown report; ``plots``: task -> relative link of its PNG."""
+    out = [f"# Mini-model adaptation: {name}", ""]
+    if not res.curves and not res.english:
+        return "\n".join(out + ["No results yet (no `*/results.jsonl` rows): run `minimodel evaluate` first.", ""])
+    out += [f"Systems: {', '.join(res.systems) or MISSING}. Tasks: {', '.join(res.tasks) or MISSING} "
+            f"(main metric: F1 for QA, accuracy otherwise; test split). Scores are averaged over "
+            f"{len(res.seeds)} seed(s) ({', '.join(map(str, sorted(res.seeds)))}) before anything else; "
+            f"{res.n_rows} rows read.", ""]
+    if res.curves:
+        out += ["## Performance at training completion (Table 2)", "",
+                "Zero-shot score at the last adaptation checkpoint per target language, its average over the "
+                "task's languages (— when a language is missing), and the cost of step 2 (embedding adaptation) "
+                "per language in EFLOPs and V100-days (30 TFLOP/s). The last row is the near-maximal target.", "",
+                table_final(res), ""]
+        time_table = table_time(res)
+        if time_table is None:
+            out += [NO_REFERENCE, ""]
+        else:
+            out += ["## V100-days to near-maximal performance (Table 3)", "",
+                    f"Adaptation V100-days until the score first reaches {NEAR_MAX:.0%} of BL_BASE's final score for "
+                    "that task and language (the same target for every system), linearly interpolated between the "
+                    "checkpoint before and the first checkpoint that reaches it; ∞ when never reached "
+                    "(the average is then ∞ too).", "", time_table, ""]
+            speed = table_speedup(res)
+            if speed:
+                out += ["## Speedup over BL_BASE (Figure 1)", "",
+                        "Mean over languages of the per-language ratio BL_BASE days / system days (not the ratio "
+                        "of mean days); languages where either side never reaches the target are excluded.", "",
+                        speed, ""]
+            depth = table_depth(res)
+            if depth:
+                out += ["## Depth of the secondary head (Table 4)", "",
+                        "V100-days to near-maximal performance (still 95% of BL_BASE) for each depth N of the "
+                        "mini-model; the last row is the average speedup over BL_BASE.", "", depth, ""]
+    english = table_english(res)
+    if english:
+        out += ["## English (Table 5)", "",
+                "English test scores of each finetuned primary model (source embeddings) and, for MiniJoint, "
+                "of its mini-model finetuned on its own.", "", english, ""]
+    if plots:
+        out += ["## Score against V100-days (Figure 3)", "",
+                "Average over languages at matching checkpoints; dashed: mean near-maximal target.", ""]
+        out += [f"![{task}]({link})\n" for task, link in plots.items()]
+    return "\n".join(out)
+
+
+def write_report(runs_dir: str | Path, name: str, out: Path | None = None) -> Path:
+    """Read every ``{runs_dir}/{name}/*/results.jsonl``; write ``report.md`` (default
+    ``{runs_dir}/{name}/report.md``) and its PNGs under ``plots/`` next to it. Returns the report path."""
+    res = load_results(runs_dir, name)
+    out = Path(out) if out is not None else Path(runs_dir) / name / "report.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pngs = plot_curves(res, out.parent / "plots") if res.curves else {}
+    text = render_report(res, name, {task: path.relative_to(out.parent).as_posix() for task, path in pngs.items()})
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)
+    return out
+
+
+def summary_text(res: Results) -> str:
+    """Per task: final average score, V100-days to target averaged over languages, speedup over BL_BASE."""
+    if not res.curves:
+        return "no results"
+    has_ref = any(s == REFERENCE for s, _, _ in res.curves)
+    lines = [f"{'task':<10} {'system':<16} {'final':>7} {'days to 95%':>12} {'speedup':>8}"]
+    for task in res.tasks:
+        langs = res.langs(task)
+        for system in res.systems:
+            finals = [res.final(system, task, lang) for lang in langs]
+            if all(p is None for p in finals):
+                continue
+            score = _mean_or_none([None if p is None else p.score for p in finals])
+            days = _mean_or_none([res.days_to_target(system, task, lang) for lang in langs]) if has_ref else None
+            sp = MISSING if system == REFERENCE or not has_ref else fmt_speedup(system_speedup(res, system, task).mean)
+            lines.append(f"{task:<10} {system:<16} {fmt_score(score):>7} {fmt_days(days):>12} {sp:>8}")
+    if not has_ref:
+        lines.append(NO_REFERENCE)
+    return "\n".join(lines)
+
+
+def summary(runs_dir: str | Path, name: str) -> str:
+    """A short plain-text table for the end of a demo (see ``summary_text``)."""
+    return summary_text(load_results(runs_dir, name))

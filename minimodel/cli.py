@@ -16,9 +16,11 @@ def _known_errors() -> tuple[type[Exception], ...]:
     from minimodel.data.shards import ShardError
     from minimodel.data.tokenizer import TokenizerError
     from minimodel.stages.common import CheckpointError, NonFiniteLossError
+    from minimodel.launch import SubmitError
     from minimodel.surgery import PlugError
 
-    return (ConfigError, CorpusError, TokenizerError, ShardError, CheckpointError, NonFiniteLossError, PlugError)
+    return (ConfigError, CorpusError, TokenizerError, ShardError, CheckpointError, NonFiniteLossError, PlugError,
+            SubmitError)
 
 
 def cmd_prepare(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
@@ -59,6 +61,38 @@ def cmd_evaluate(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
     print(run_evaluate(cfg, progress=not args.no_progress))
 
 
+def cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+    """Every step of the experiment in order, in this process; finished steps are skipped."""
+    from minimodel.pipeline import plan
+
+    for step in plan(args.config, args.overrides):
+        print(f"[minimodel run] {step.name}: minimodel {' '.join(step.args)}", flush=True)
+        extra = ["--no-progress"] if args.no_progress else []
+        rc = main([*step.args, *extra])
+        if rc != 0:
+            raise StepFailed(step.name, rc)
+
+
+class StepFailed(RuntimeError):
+    def __init__(self, step: str, rc: int) -> None:
+        super().__init__(f"step {step} exited with code {rc}; rerun the same command to resume")
+        self.rc = rc
+
+
+def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+    from minimodel.analysis import summary, write_report
+
+    path = write_report(cfg.runs_dir, cfg.name)
+    print(summary(cfg.runs_dir, cfg.name))
+    print(f"report: {path}")
+
+
+def cmd_submit(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+    from minimodel.launch import submit
+
+    submit(args.config, args.overrides, launcher=args.launcher, dry_run=args.dry_run)
+
+
 def cmd_flops(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
     from minimodel.analysis import cost_table
 
@@ -72,6 +106,9 @@ COMMANDS: dict[str, tuple[Callable[[ExperimentConfig, argparse.Namespace], None]
     "adapt": (cmd_adapt, "step 2: learn target-language embeddings (needs lang=xx)"),
     "finetune": (cmd_finetune, "step 3: finetune on English tasks (task=NAME seed=N, or all tasks x seeds)"),
     "evaluate": (cmd_evaluate, "step 4: zero-shot evaluation of every adaptation checkpoint (results.jsonl)"),
+    "report": (cmd_report, "tables (paper's Tables 2-5, Figure 1 speedups) and plots from the results"),
+    "run": (cmd_run, "every step of the experiment in order (skips finished steps, resumes the others)"),
+    "submit": (cmd_submit, "write one sbatch script per step and submit them with afterok dependencies"),
     "flops": (cmd_flops, "print the experiment's training cost (paper formulas A1, A3, A4)"),
 }
 
@@ -86,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
         if name == "prepare":
             s.add_argument("--langs", default="", help="comma-separated languages (default: source + targets)")
+        if name == "submit":
+            s.add_argument("--launcher", default="local", help="conf/launcher/NAME.yaml or a path (cluster resources)")
+            s.add_argument("--dry-run", action="store_true", help="write and print the scripts, submit nothing")
     return p
 
 
@@ -98,12 +138,21 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides = [*args.overrides, *extra]
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     errors = _known_errors()
+    from minimodel.stages import common
+
     try:
         cfg = load_config(args.config, args.overrides)
         COMMANDS[args.command][0](cfg, args)
+    except StepFailed as e:
+        print(f"minimodel {args.command}: {e}", file=sys.stderr)
+        return e.rc
     except errors as e:
         print(f"minimodel {args.command}: error: {e}", file=sys.stderr)
         return 2
+    if common.INTERRUPTED:
+        print(f"minimodel {args.command}: stopped on {common.INTERRUPTED[0]} after writing a checkpoint; "
+              f"rerun the same command to resume", file=sys.stderr)
+        return common.REQUEUE_EXIT
     return 0
 
 

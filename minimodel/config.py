@@ -136,6 +136,7 @@ class FinetuneConfig:
     eps: float = 1e-6
     grad_clip: float = 1.0
     eval_batch: int = 64
+    mini_tasks: list[str] = field(default_factory=list)  # MiniJoint: also finetune the mini-model alone (Table 5)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
@@ -150,6 +151,8 @@ class LoggingConfig:
 class ExperimentConfig:
     name: str = "???"
     system: str = "???"
+    tag: str = ""  # variant of the system within the experiment (run dir {system}-{tag}), e.g. n6 in a sweep
+    sweep: list[str] = field(default_factory=list)  # `minimodel run` runs one variant per entry ("k=v k=v")
     runs_dir: str = "runs"
     source_lang: str = "en"
     target_langs: list[str] = field(default_factory=list)
@@ -168,7 +171,12 @@ class ExperimentConfig:
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.runs_dir) / self.name / self.system
+        return Path(self.runs_dir) / self.name / (f"{self.system}-{self.tag}" if self.tag else self.system)
+
+    @property
+    def label(self) -> str:
+        """The system as results and reports name it: ``minijoint`` or, in a sweep, ``minijoint-n6``."""
+        return self.run_dir.name
 
     @property
     def mini_depth(self) -> int:

@@ -90,12 +90,13 @@ def predict(body: RobertaMLM, head: nn.Module, features: list[dict[str, Any]], b
     """Per feature: the predicted class id, or (start_logits, end_logits) trimmed to its length."""
     body.eval()
     head.eval()
+    half = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float16
     out: list[Any] = []
     for i in range(0, len(features), batch_size):
         chunk = features[i:i + batch_size]
         batch = pad_collate(chunk)
         ids = batch["input_ids"].to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        with torch.autocast(device.type, dtype=half, enabled=device.type == "cuda"):
             logits = head(body.encode(ids))
         if isinstance(logits, tuple):
             start, end = (t.float().cpu() for t in logits)

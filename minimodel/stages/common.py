@@ -30,6 +30,8 @@ from minimodel.flops import v100_days
 from minimodel.model import IGNORE_INDEX, PRIMARY, ModelConfig, RobertaMLM
 
 DONE = "done.json"
+REQUEUE_EXIT = 3  # the CLI's exit code after a signal-triggered checkpoint: requeue and rerun to resume
+INTERRUPTED: list[str] = []  # reasons runs in this process stopped early on a signal (read by the CLI)
 
 
 class CheckpointError(RuntimeError):
@@ -245,6 +247,7 @@ class ScheduledCheckpoints(Callback):
 
     def _request_stop(self, signum: int, frame: Any) -> None:
         self.stop_requested = signal.Signals(signum).name
+        INTERRUPTED.append(self.stop_requested)
 
     def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
@@ -271,6 +274,10 @@ class ScheduledCheckpoints(Callback):
         if step % self.every == 0 or step in self.extra:
             self.save(trainer, pl_module)
             self.last_saved = step
+        if trainer.world_size > 1:  # every rank must stop at the same update
+            stop = trainer.strategy.reduce_boolean_decision(self.stop_requested is not None, all=False)
+            if stop and self.stop_requested is None:
+                self.stop_requested = "a signal on another rank"
         if self.stop_at and step >= self.stop_at:
             self.stop_requested = self.stop_requested or f"stop_at={self.stop_at}"
         if self.max_seconds and time.monotonic() - self.started > self.max_seconds:

@@ -39,7 +39,7 @@ def english_rows(cfg: ExperimentConfig, task: str, seed: int, body: str) -> list
     info = common.read_done(done)
     if info is None:
         return []
-    base = {"system": cfg.system, "body": body, "task": task, "lang": cfg.source_lang, "seed": seed, "step": -1,
+    base = {"system": cfg.label, "body": body, "task": task, "lang": cfg.source_lang, "seed": seed, "step": -1,
             "flops": 0.0, "v100_days": 0.0}
     return [{**base, "split": split, "metric": metric, "value": value}
             for split, scores in info["english"].items() for metric, value in scores.items()]
@@ -72,8 +72,8 @@ def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
     english = [r for task in tasks for seed in seeds for body in ("primary", "mini")
                for r in english_rows(cfg, task, seed, body) if tuple(r[k] for k in KEY) not in done]
     table.append(english)
-    todo = [p for p in plan if (cfg.system, "primary", p[0], p[2], p[1], int(p[3].stem.removeprefix("step"))) not in done]
-    print(f"[minimodel] evaluate {cfg.system}: {len(plan)} (task, seed, language, checkpoint) evaluations, "
+    todo = [p for p in plan if (cfg.label, "primary", p[0], p[2], p[1], int(p[3].stem.removeprefix("step"))) not in done]
+    print(f"[minimodel] evaluate {cfg.label}: {len(plan)} (task, seed, language, checkpoint) evaluations, "
           f"{len(plan) - len(todo)} already in {table.path}", file=sys.stderr, flush=True)
     started = time.perf_counter()
     bar = tqdm(total=len(todo), desc="evaluate", disable=not progress, file=sys.stderr, dynamic_ncols=True)
@@ -98,7 +98,7 @@ def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
         plug_embeddings(body, adapted, tok.sha256, tok.vocab_size)
         body.to(device)
         scores = evaluate(data, body, head, records, features, lang, cfg.finetune.eval_batch, device)
-        base = {"system": cfg.system, "body": "primary", "task": task, "lang": lang, "seed": seed,
+        base = {"system": cfg.label, "body": "primary", "task": task, "lang": lang, "seed": seed,
                 "step": int(adapted["step"]), "flops": float(adapted["flops"]), "v100_days": float(adapted["v100_days"]),
                 "split": "test"}
         table.append({**base, "metric": m, "value": v} for m, v in scores.items())

@@ -1,0 +1,121 @@
+"""The bad-input catalogue: each failure gives a clear message and loses or overwrites nothing."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from minimodel.cli import main
+from minimodel.data.shards import ShardError, encode_corpus
+from minimodel.data.tokenizer import Tokenizer, TokenizerError
+from minimodel.model import RobertaMLM
+from minimodel.stages import common
+from minimodel.stages.evaluate import check_adaptation
+from minimodel.stages.pretrain import load_source_tokenizer, run_pretrain
+from minimodel.surgery import PlugError
+from tests.conftest import ROOT, tiny_config
+
+
+def cfg(tmp: Path, prepared: Path, corpus: Path, *extra: str):
+    return tiny_config(tmp, corpus, f"data.prepared_dir={prepared / 'prepared'}", "pretrain.optim.updates=6",
+                       "pretrain.optim.global_batch=8", "pretrain.optim.micro_batch=4",
+                       "pretrain.trainer.ckpt_every=2", "pretrain.trainer.log_every=1", *extra)
+
+
+def test_cli_reports_missing_corpus_with_exit_code_2(tmp_path, capsys):
+    rc = main(["prepare", str(ROOT / "experiments" / "tiny.yaml"), f"data.corpus_dir={tmp_path}",
+               f"data.prepared_dir={tmp_path / 'p'}", "--langs=xx", "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert f"error: no corpus for language 'xx': expected {tmp_path / 'xx.txt'} or {tmp_path / 'xx.txt.xz'}" in err
+    assert not (tmp_path / "p").exists()
+
+
+def test_cli_reports_an_unknown_key(capsys):
+    assert main(["pretrain", str(ROOT / "experiments" / "tiny.yaml"), "pretrain.optim.lrate=1"]) == 2
+    assert "unknown config key 'pretrain.optim.lrate'" in capsys.readouterr().err
+
+
+def test_tokenizer_that_does_not_match_the_embeddings(tmp_path, prepared, corpus_dir):
+    c = cfg(tmp_path, prepared, corpus_dir, "data.vocab_size=2000")
+    with pytest.raises(TokenizerError, match=r"spm.model has 1000 pieces but model.vocab_size is 2000"):
+        load_source_tokenizer(c)
+
+
+def test_adaptation_checkpoint_of_another_system_or_language(tmp_path, prepared, corpus_dir):
+    c = cfg(tmp_path, prepared, corpus_dir, "system=bl_base", "model.mini_heads=[]")
+    adapted = {"system": "minijoint", "lang": "de"}
+    with pytest.raises(PlugError, match=r"x.pt is an adaptation checkpoint of minijoint/de, not of bl_base/de"):
+        check_adaptation(adapted, c, "de", Path("x.pt"))
+    with pytest.raises(PlugError, match=r"of minijoint/de, not of minijoint/tr"):
+        check_adaptation(adapted, tiny_config(tmp_path, corpus_dir), "tr", Path("x.pt"))
+
+
+def test_nan_loss_stops_naming_the_update_and_keeps_the_last_good_checkpoint(tmp_path, prepared, corpus_dir,
+                                                                             monkeypatch):
+    calls = {"n": 0}
+    real = RobertaMLM.mlm_losses
+
+    def poisoned(self, input_ids, labels, heads=None):
+        losses = real(self, input_ids, labels, heads)
+        calls["n"] += 1
+        if self.training and calls["n"] > 8:  # update 5 (two micro-batches per update)
+            return {k: v * float("nan") for k, v in losses.items()}
+        return losses
+
+    monkeypatch.setattr(RobertaMLM, "mlm_losses", poisoned)
+    c = cfg(tmp_path, prepared, corpus_dir)
+    with pytest.raises(common.NonFiniteLossError, match=r"loss is nan at update 4: stopping; the last checkpoint"):
+        run_pretrain(c, progress_bar=False)
+    ckpts = c.run_dir / "pretrain" / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("*.ckpt")) == ["last.ckpt", "step0000002.ckpt", "step0000004.ckpt"]
+    state = common.load_checkpoint(ckpts / "last.ckpt")["state_dict"]
+    assert all(torch.isfinite(v).all() for v in state.values())
+    assert not (c.run_dir / "pretrain" / "done.json").exists()
+
+
+def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, prepared, corpus_dir, monkeypatch):
+    c = cfg(tmp_path, prepared, corpus_dir)
+    real_save = torch.save
+    saves = {"n": 0}
+
+    def full_disk(obj, f, *a, **k):
+        saves["n"] += 1
+        if saves["n"] >= 2:  # the second checkpoint
+            f.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(common.CheckpointError, match=r"step0000004.ckpt failed: \[Errno 28\] No space left on device; "
+                                                     r"the previous checkpoint is untouched"):
+        run_pretrain(c, progress_bar=False)
+    ckpts = c.run_dir / "pretrain" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt", "step0000002.ckpt"]  # no temp file left
+    assert common.load_checkpoint(ckpts / "last.ckpt")["global_step"] == 2
+
+
+def test_disk_full_while_writing_shards_keeps_finished_shards(tmp_path, prepared, corpus_dir, monkeypatch):
+    tok = Tokenizer(prepared / "prepared" / "en" / "spm.model")
+    out = tmp_path / "shards"
+    real_save = np.save
+    saves = {"n": 0}
+
+    def full_disk(f, arr, *a, **k):
+        saves["n"] += 1
+        if saves["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(f, arr, *a, **k)
+
+    monkeypatch.setattr(np, "save", full_disk)
+    with pytest.raises(ShardError, match=r"writing shards to .*shards failed: \[Errno 28\] No space left on device; "
+                                         r"finished shards are kept, rerun to go on"):
+        encode_corpus(corpus_dir / "en.txt", tok, out, shard_bytes=50_000, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "shard_00000.npy", "shard_00001.npy"]
+    monkeypatch.setattr(np, "save", real_save)
+    manifest = encode_corpus(corpus_dir / "en.txt", tok, out, shard_bytes=50_000, progress=False)
+    assert manifest["complete"] and len(manifest["shards"]) >= 4

@@ -1,0 +1,111 @@
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from minimodel.cli import main
+from minimodel.config import TaskConfig
+from minimodel.data.downstream import TaskData, evaluate, predict, task_head
+from minimodel.data.tokenizer import Tokenizer
+from minimodel.model import ModelConfig, RobertaMLM
+from minimodel.results import ResultsTable
+from minimodel.stages.common import load_checkpoint
+from minimodel.surgery import plug_embeddings
+from tests.conftest import ROOT
+
+LOHELP = TaskConfig(kind="local", source=str(ROOT / "data" / "demo" / "task" / "lohelp"), max_len=48)
+
+
+def test_evaluating_with_swapped_embeddings_equals_a_model_built_with_them(prepared):
+    tok = Tokenizer(prepared / "prepared" / "de" / "spm.model")
+    task = TaskData("lohelp", LOHELP)
+    records = task.records("test", "de")[:40]
+    features = task.features(records, tok)
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_preset("tiny", vocab_size=1000, max_positions=66)
+    finetuned = RobertaMLM(cfg)  # stands for a finetuned body with source embeddings
+    head = task_head(task, cfg.hidden, 0.1)
+    adapted = {"embeddings": torch.randn(1000, 64) * 0.3, "bias": torch.zeros(1000), "system": "bl_base",
+               "lang": "de", "step": 3, "tokenizer": {"path": str(tok.path), "sha256": tok.sha256}}
+    direct = RobertaMLM(cfg)
+    state = {k: v for k, v in finetuned.state_dict().items()}
+    state["embeddings.tokens.weight"] = state["heads.primary.decoder.weight"] = adapted["embeddings"]
+    state["heads.primary.bias"] = adapted["bias"]
+    direct.load_state_dict(state)
+    direct.tie_weights()
+    plug_embeddings(finetuned, adapted, tok.sha256, tok.vocab_size)
+    cpu = torch.device("cpu")
+    assert predict(finetuned, head, features, 16, cpu) == predict(direct, head, features, 16, cpu)
+    swapped = evaluate(task, finetuned, head, records, features, "de", 16, cpu)
+    built = evaluate(task, direct, head, records, features, "de", 16, cpu)
+    assert swapped == built
+    ids = torch.tensor([features[0]["input_ids"]])
+    assert torch.equal(head.eval()(finetuned.eval().encode(ids)), head(direct.eval().encode(ids)))
+
+
+def test_results_table_survives_a_partial_line(tmp_path):
+    table = ResultsTable(tmp_path / "results.jsonl")
+    row = {"system": "bl_base", "body": "primary", "task": "xnli", "lang": "de", "seed": 1, "step": 5,
+           "flops": 1.0, "v100_days": 0.0, "split": "test", "metric": "accuracy", "value": 50.0}
+    table.append([row])
+    with open(table.path, "a") as f:
+        f.write('{"system": "bl_base", "body": "prim')  # a writer killed mid-line
+    assert len(table.rows()) == 1
+    table.append([{**row, "step": 10}])
+    assert [r["step"] for r in table.rows()] == [5, 10]
+    assert table.path.read_text().count("\n") == 2
+
+
+ONE_STAGE = ["optim.global_batch=8", "optim.micro_batch=4", "optim.warmup_updates=1", "trainer.val_every=4",
+             "trainer.log_every=2"]
+
+
+def tiny_demo(tmp: Path, prepared: Path, corpus: Path) -> list[str]:
+    stages = [f"{s}.{o}" for s in ("pretrain", "bridge", "adapt") for o in ONE_STAGE]
+    return [f"runs_dir={tmp / 'runs'}", f"data.corpus_dir={corpus}", f"data.prepared_dir={prepared / 'prepared'}",
+            "data.vocab_size=1000", "data.seq_len=64", "data.val_blocks=8", "model.max_positions=66",
+            "model.hidden=64", "model.ffn=128", "logging.wandb=disabled", *stages,
+            "pretrain.optim.updates=8", "bridge.optim.updates=4", "adapt.optim.updates=6",
+            "adapt.trainer.ckpt_every=3", "adapt.trainer.ckpt_steps=[1]",
+            "tasks.lohelp.max_train_examples=64", "tasks.lohelp.max_len=48", "finetune.epochs=1",
+            "finetune.batch_size=16", "finetune.micro_batch=16"]
+
+
+@pytest.mark.slow
+def test_all_four_systems_through_steps_1_to_4(tmp_path, prepared, corpus_dir):
+    overrides = tiny_demo(tmp_path, prepared, corpus_dir)
+    assert main(["run", str(ROOT / "experiments" / "demo.yaml"), *overrides, "--no-progress"]) == 0
+    runs = tmp_path / "runs" / "demo"
+    for system in ("bl_base", "bl_small", "minijoint", "minipost"):
+        rows = ResultsTable(runs / system / "results.jsonl").rows()
+        zero_shot = [r for r in rows if r["lang"] in ("de", "tr")]
+        assert {(r["lang"], r["step"]) for r in zero_shot} == {(l, s) for l in ("de", "tr") for s in (0, 1, 3, 6)}
+        assert all(r["metric"] == "accuracy" and 0 <= r["value"] <= 100 for r in zero_shot)
+        assert all(r["flops"] > 0 for r in zero_shot if r["step"] > 0)
+        english = [r for r in rows if r["lang"] == "en"]
+        assert {(r["body"], r["split"]) for r in english} >= {("primary", "dev"), ("primary", "test")}
+    minijoint = ResultsTable(runs / "minijoint" / "results.jsonl").rows()
+    assert any(r["body"] == "mini" for r in minijoint)  # Table 5: the mini-model finetuned on its own
+    # MiniPost's primary model is BL_BASE: it shares BL_BASE's finetuned runs
+    assert not (runs / "minipost" / "finetune").exists()
+
+    # finetuning kept the embedding layer bit-identical to the pretrained model
+    pretrained = load_checkpoint(runs / "bl_base" / "pretrain" / "checkpoints" / "last.ckpt")["state_dict"]
+    finetuned = load_checkpoint(runs / "bl_base" / "finetune" / "lohelp" / "seed1" / "model.pt")["body_state"]
+    for name in ("embeddings.tokens.weight", "embeddings.positions.weight", "embeddings.norm.weight"):
+        assert torch.equal(finetuned[name], pretrained[f"model.{name}"]), name
+    assert not torch.equal(finetuned["layers.0.qkv.weight"], pretrained["model.layers.0.qkv.weight"])
+
+    # rerunning evaluates nothing again and adds no rows
+    before = (runs / "bl_base" / "results.jsonl").read_text()
+    assert main(["evaluate", str(ROOT / "experiments" / "demo.yaml"), *overrides, "--no-progress"]) == 0
+    assert (runs / "bl_base" / "results.jsonl").read_text() == before
+    # an interrupted evaluation (rows lost, last line cut) resumes without duplicates
+    lines = before.splitlines(keepends=True)
+    (runs / "bl_base" / "results.jsonl").write_text("".join(lines[:3]) + lines[3][:20])
+    assert main(["evaluate", str(ROOT / "experiments" / "demo.yaml"), *overrides, "system=bl_base",
+                 "--no-progress"]) == 0
+    again = ResultsTable(runs / "bl_base" / "results.jsonl").rows()
+    key = lambda r: (r["task"], r["lang"], r["seed"], r["step"], r["body"], r["split"], r["metric"])
+    assert sorted(map(key, again)) == sorted(map(key, (json.loads(l) for l in lines)))

@@ -1,0 +1,291 @@
+"""`minimodel submit` against fake SLURM tools (sbatch / srun / scontrol on PATH that record their calls)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minimodel.launch import (LauncherConfigError, SubmitError, launcher_path, load_launcher, safe_name,
+                              sbatch_script, submit)
+from minimodel.pipeline import Step, plan
+from tests.conftest import ROOT
+
+MINIJOINT = str(ROOT / "experiments" / "minijoint.yaml")
+OVERRIDES = ["target_langs=[de,tr]", "finetune.tasks=[xnli]", "finetune.seeds=[1,2]"]
+
+FAKE_TOOL = """#!{python}
+# fake {name}: records argv (and, for sbatch, the script) as one JSON line in $FAKE_SLURM_LOG
+import json, os, sys
+log = os.environ["FAKE_SLURM_LOG"]
+args = sys.argv[1:]
+entry = {{"tool": "{name}", "argv": args, "setup": os.environ.get("MM_SETUP_RAN", "")}}
+if "{name}" == "sbatch":
+    entry["script"] = open(args[-1]).read()
+    with open(log + ".count", "a+") as f:
+        f.seek(0)
+        n = len(f.read())
+        f.write("x")
+    if os.environ.get("FAKE_SBATCH_FAIL_AT") == str(n + 1):
+        print("sbatch: error: Batch job submission failed: Invalid account or account/partition combination",
+              file=sys.stderr)
+        sys.exit(1)
+with open(log, "a") as f:
+    f.write(json.dumps(entry) + "\\n")
+if "{name}" == "sbatch":
+    print(f"{{1000 + n}};fakecluster")
+sys.exit(int(os.environ.get("FAKE_SRUN_RC", "0")) if "{name}" == "srun" else 0)
+"""
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Fake sbatch/srun/scontrol first on PATH; returns the log file they append to."""
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    for name in ("sbatch", "srun", "scontrol"):
+        tool = bin_dir / name
+        tool.write_text(FAKE_TOOL.format(python=sys.executable, name=name))
+        tool.chmod(tool.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    log = tmp_path / "slurm.log"
+    log.touch()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM_LOG", str(log))
+    return log
+
+
+def calls(log: Path, tool: str) -> list[dict]:
+    return [e for e in map(json.loads, log.read_text().splitlines()) if e["tool"] == tool]
+
+
+def command_of(script: str) -> list[str]:
+    """The command a script runs, parsed back with shell rules (proves the quoting round-trips)."""
+    line, = [ln for ln in script.splitlines() if ln.startswith("cmd=(")]
+    return shlex.split(line[len("cmd=("):-1])
+
+
+def sbatch_option(script: str, name: str) -> str | None:
+    found = [ln.split("=", 1)[1] for ln in script.splitlines() if ln.startswith(f"#SBATCH --{name}=")]
+    return found[0] if found else None
+
+
+def check_dependencies(steps: list[Step], sbatch: list[dict]) -> dict[str, str]:
+    """One sbatch per step in plan order, each depending on exactly the job ids of its ``after``."""
+    assert len(sbatch) == len(steps)
+    ids: dict[str, str] = {}
+    for step, call in zip(steps, sbatch):
+        deps = [a for a in call["argv"] if a.startswith("--dependency")]
+        if step.after:
+            assert deps == [f"--dependency=afterok:{':'.join(ids[a] for a in step.after)}"], step.name
+        else:
+            assert deps == [], step.name
+        assert call["argv"][0] == "--parsable" and call["argv"][-1].endswith(".sbatch")
+        ids[step.name] = str(1000 + len(ids))
+    return ids
+
+
+def test_shipped_launchers_load():
+    for name in ("local", "v100", "a100", "h100"):
+        path = launcher_path(name, MINIJOINT)
+        assert path == ROOT / "conf" / "launcher" / f"{name}.yaml"
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("# minimodel submit") and f"--launcher {name}" in first
+        lc = load_launcher(path)
+        assert lc.stages.prepare.gpus_per_node == 0 and lc.stages.report.gpus_per_node == 0
+    a100, v100 = load_launcher(launcher_path("a100", MINIJOINT)), load_launcher(launcher_path("v100", MINIJOINT))
+    assert (a100.stages.pretrain.nodes, a100.stages.pretrain.gpus_per_node) == (1, 8)
+    assert (v100.stages.pretrain.nodes, v100.stages.pretrain.gpus_per_node) == (2, 4)
+
+
+def test_submit_minijoint(fake_slurm: Path, tmp_path: Path, capsys: pytest.CaptureFixture):
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
+    steps = plan(MINIJOINT, overrides)
+    assert [s.name for s in steps] == ["prepare", "pretrain", "adapt-de", "adapt-tr", "finetune-xnli-s1",
+                                       "finetune-xnli-s2", "evaluate", "report"]
+    jobs = submit(MINIJOINT, overrides, launcher="a100")
+    sbatch = calls(fake_slurm, "sbatch")
+    ids = check_dependencies(steps, sbatch)
+    assert jobs == list(ids.items())  # "1000;fakecluster" -> "1000"
+    assert "submitted adapt-de: job 1002 after pretrain=1001" in capsys.readouterr().out
+
+    slurm = tmp_path / "runs" / "paper" / "slurm"
+    for i, (step, call) in enumerate(zip(steps, sbatch)):
+        script_path = Path(call["argv"][-1])
+        assert script_path == slurm / f"{i:02d}-{step.name}.sbatch"
+        script = script_path.read_text()
+        assert call["script"] == script
+        assert script.startswith("#!/bin/bash\n") and "set -euo pipefail" in script
+        assert sbatch_option(script, "job-name") == f"paper-{step.name}"
+        assert sbatch_option(script, "output") == f"{slurm}/{i:02d}-{step.name}.%j.out"
+        assert sbatch_option(script, "error") == f"{slurm}/{i:02d}-{step.name}.%j.err"
+        assert sbatch_option(script, "partition") == "gpu"
+        assert sbatch_option(script, "signal") == "USR1@300"  # to the srun tasks, not B:
+        assert "#SBATCH --requeue" in script and "#SBATCH --open-mode=append" in script
+        assert "source .venv/bin/activate" in script
+        cmd = command_of(script)
+        if step.distributed:
+            assert cmd[0] == "srun" and "minimodel" in cmd
+            args = cmd[cmd.index("minimodel") + 1:]
+            s = step.stage
+            assert args == [*step.args, f"{s}.trainer.devices=8", f"{s}.trainer.num_nodes=1",
+                            f"{s}.trainer.accelerator=gpu", "--no-progress"]
+            assert (sbatch_option(script, "nodes"), sbatch_option(script, "ntasks-per-node"),
+                    sbatch_option(script, "gres")) == ("1", "8", "gpu:8")
+        else:
+            assert cmd == ["minimodel", *step.args, "--no-progress"]
+            assert sbatch_option(script, "ntasks-per-node") == "1"
+            assert sbatch_option(script, "gres") == (None if step.stage in ("prepare", "report") else "gpu:1")
+    # the list override survives the shell
+    adapt = (slurm / "02-adapt-de.sbatch").read_text()
+    assert "'target_langs=[de,tr]'" in adapt and "'finetune.seeds=[1,2]'" in adapt
+
+
+def test_v100_spreads_pretraining_over_two_nodes(tmp_path: Path):
+    lc = load_launcher(launcher_path("v100", MINIJOINT))
+    step = next(s for s in plan(MINIJOINT, OVERRIDES) if s.stage == "pretrain")
+    script = sbatch_script(step, lc, tmp_path / "paper")
+    assert (sbatch_option(script, "nodes"), sbatch_option(script, "ntasks-per-node"),
+            sbatch_option(script, "gres")) == ("2", "4", "gpu:4")
+    cmd = command_of(script)
+    assert cmd[0] == "srun"
+    assert {"pretrain.trainer.devices=4", "pretrain.trainer.num_nodes=2", "pretrain.trainer.accelerator=gpu",
+            "pretrain.trainer.precision=16-mixed"} <= set(cmd)
+
+
+def test_sweep_gives_steps_per_variant(fake_slurm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    exp = tmp_path / "experiments" / "sweep.yaml"
+    exp.parent.mkdir()
+    exp.write_text((ROOT / "experiments" / "minijoint.yaml").read_text()
+                   + 'sweep: ["model.mini_heads=[2] tag=n2", "model.mini_heads=[6] tag=n6"]\n')
+    monkeypatch.setenv("MINIMODEL_CONF", str(ROOT / "conf"))
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
+    steps = plan(exp, overrides)
+    jobs = submit(str(exp), overrides, launcher="a100")  # found through $MINIMODEL_CONF/launcher/
+    names = [n for n, _ in jobs]
+    assert names == [s.name for s in steps]
+    for v in ("minijoint-n2", "minijoint-n6"):
+        for name in ("pretrain", "adapt-de", "adapt-tr", "finetune-xnli-s1", "finetune-xnli-s2", "evaluate"):
+            assert f"{v}:{name}" in names
+    assert names[0] == "prepare" and names[-1] == "report"
+    ids = check_dependencies(steps, calls(fake_slurm, "sbatch"))
+    by_name = {s.name: s for s in steps}
+    assert by_name["minijoint-n6:adapt-de"].after == ("minijoint-n6:pretrain",)
+    assert by_name["report"].after == ("minijoint-n2:evaluate", "minijoint-n6:evaluate")
+    i = names.index("minijoint-n6:adapt-de")
+    script = (tmp_path / "runs" / "paper" / "slurm" / f"{i:02d}-minijoint-n6.adapt-de.sbatch").read_text()
+    assert sbatch_option(script, "job-name") == "paper-minijoint-n6.adapt-de"
+    cmd = command_of(script)
+    assert "model.mini_heads=[6]" in cmd and "tag=n6" in cmd and "lang=de" in cmd
+    assert len(set(ids.values())) == len(steps)
+
+
+def test_dry_run_submits_nothing(fake_slurm: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                 monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))  # no sbatch needed either
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
+    jobs = submit(MINIJOINT, overrides, launcher="h100", dry_run=True)
+    out = capsys.readouterr().out
+    assert calls(fake_slurm, "sbatch") == []
+    assert [j for _, j in jobs] == [""] * len(jobs) == [""] * 8
+    assert out.count("#!/bin/bash") == 8
+    assert "--dependency=afterok:<adapt-de>:<adapt-tr>:<finetune-xnli-s1>:<finetune-xnli-s2>" in out
+    assert "nothing submitted" in out
+    assert len(list((tmp_path / "runs" / "paper" / "slurm").glob("*.sbatch"))) == 8
+
+
+@pytest.fixture
+def test_launcher(tmp_path: Path) -> Path:
+    path = tmp_path / "testcluster.yaml"
+    path.write_text("setup: export MM_SETUP_RAN=yes\nmax_requeues: 2\n"
+                    "stages:\n  adapt: {time: '01:00:00', nodes: 2, gpus_per_node: 4}\n")
+    return path
+
+
+@pytest.mark.parametrize("srun_rc,restarts,expect_rc,requeued", [
+    (3, None, 0, True),  # checkpointed on USR1: requeue
+    (3, "1", 0, True),
+    (3, "2", 3, False),  # max_requeues reached: give up with 3
+    (0, None, 0, False),  # finished
+    (1, None, 1, False),  # failed
+])
+def test_script_requeues_on_exit_3(fake_slurm: Path, tmp_path: Path, test_launcher: Path,
+                                   srun_rc: int, restarts: str | None, expect_rc: int, requeued: bool):
+    step = next(s for s in plan(MINIJOINT, OVERRIDES) if s.name == "adapt-de")
+    script = tmp_path / "adapt.sbatch"
+    script.write_text(sbatch_script(step, load_launcher(test_launcher), tmp_path / "paper"))
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_RESTART_COUNT"}
+    env.update(SLURM_JOB_ID="4242", FAKE_SRUN_RC=str(srun_rc))
+    if restarts is not None:
+        env["SLURM_RESTART_COUNT"] = restarts
+    res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == expect_rc, res.stderr
+    srun, = calls(fake_slurm, "srun")
+    assert srun["setup"] == "yes"  # the launcher's setup ran first
+    assert srun["argv"] == ["--cpus-per-task=4", "minimodel", *step.args, "adapt.trainer.devices=4",
+                            "adapt.trainer.num_nodes=2", "adapt.trainer.accelerator=gpu", "--no-progress"]
+    assert [c["argv"] for c in calls(fake_slurm, "scontrol")] == ([["requeue", "4242"]] if requeued else [])
+    if srun_rc == 3 and not requeued:
+        assert "max_requeues: 2" in res.stderr
+
+
+@pytest.mark.parametrize("text,key", [
+    ("partion: gpu\n", "partion"),
+    ("stages:\n  pretrain:\n    gpus: 8\n", "stages.pretrain.gpus"),
+    ("stages:\n  pretraining: {nodes: 2}\n", "stages.pretraining"),
+    ("source: x.yaml\n", "source"),
+])
+def test_unknown_launcher_key_names_file_and_key(tmp_path: Path, text: str, key: str):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(LauncherConfigError, match=re.escape(f"{path}: unknown launcher key '{key}'")):
+        submit(MINIJOINT, [f"runs_dir={tmp_path}"], launcher=str(path), dry_run=True)
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("stages:\n  pretrain: {time: 24:00:00}\n", "stages.pretrain.time must be a quoted"),  # YAML: 86400
+    ("stages:\n  finetune: {gpus_per_node: 4}\n", "stages.finetune: finetune runs one process"),
+    ("stages:\n  pretrain: {nodes: oops}\n", "bad value for 'stages.pretrain.nodes'"),
+    ("extra_sbatch: [exclusive]\n", "extra_sbatch[0] must be an sbatch option"),
+])
+def test_bad_launcher_values(tmp_path: Path, text: str, msg: str):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(LauncherConfigError, match=re.escape(f"{path}: ") + ".*" + re.escape(msg)):
+        load_launcher(path)
+
+
+def test_unknown_launcher_name_lists_the_known_ones():
+    with pytest.raises(LauncherConfigError, match=r"no launcher 'a200'.*'a100'.*'h100'.*'local'.*'v100'"):
+        launcher_path("a200", MINIJOINT)
+
+
+def test_missing_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    message = "sbatch not found: run `minimodel submit` on a SLURM login node, or use --dry-run"
+    with pytest.raises(SubmitError, match=re.escape(message)):
+        submit(MINIJOINT, [*OVERRIDES, f"runs_dir={tmp_path}"], launcher="a100")
+    # found by `which` but gone when run (FileNotFoundError from subprocess)
+    monkeypatch.setattr("minimodel.launch.shutil.which", lambda name: "/nowhere/sbatch")
+    with pytest.raises(SubmitError, match=re.escape(message)):
+        submit(MINIJOINT, [*OVERRIDES, f"runs_dir={tmp_path}"], launcher="a100")
+
+
+def test_sbatch_failure_says_what_was_submitted(fake_slurm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FAKE_SBATCH_FAIL_AT", "3")
+    with pytest.raises(SubmitError) as e:
+        submit(MINIJOINT, [*OVERRIDES, f"runs_dir={tmp_path}"], launcher="a100")
+    msg = str(e.value)
+    assert "sbatch failed for step adapt-de" in msg and "Invalid account" in msg
+    assert "already submitted: prepare=1000, pretrain=1001" in msg and "scancel 1000 1001" in msg
+
+
+def test_safe_name():
+    assert safe_name("minijoint-n2:adapt-de") == "minijoint-n2.adapt-de"
+    assert safe_name("a b/c") == "a_b_c"

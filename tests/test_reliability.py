@@ -1,0 +1,153 @@
+"""Reliability: exact resume after kill -9 and SLURM signals, atomic checkpoints, clean failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from minimodel.stages.common import CheckpointError, load_checkpoint
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+TINY = ["optim.global_batch=8", "optim.micro_batch=4", "optim.warmup_updates=2", "optim.lr=2e-3",
+        "trainer.ckpt_every=4", "trainer.val_every=8", "trainer.log_every=1"]
+
+
+def overrides(tmp: Path, prepared: Path, corpus: Path, *extra: str) -> list[str]:
+    stages = [f"{s}.{o}" for s in ("pretrain", "adapt") for o in TINY]
+    return [f"runs_dir={tmp}", f"data.corpus_dir={corpus}", f"data.prepared_dir={prepared / 'prepared'}",
+            "data.vocab_size=1000", "data.seq_len=64", "data.val_blocks=8", "model.max_positions=66",
+            "logging.wandb=disabled", "pretrain.optim.updates=24", "adapt.optim.updates=24", *stages, *extra]
+
+
+def cli(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+    return subprocess.Popen([sys.executable, "-m", "minimodel.cli", *args, "--no-progress"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run_to_end(*args: str) -> str:
+    p = cli(*args)
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out
+    return out
+
+
+def kill_when(p: subprocess.Popen, ready, timeout: float = 300) -> None:
+    """SIGKILL ``p`` as soon as ``ready()`` holds (or when it ends by itself)."""
+    start = time.monotonic()
+    while p.poll() is None and time.monotonic() - start < timeout:
+        if ready():
+            time.sleep(0.3)  # somewhere inside the next updates
+            p.kill()
+            break
+        time.sleep(0.05)
+    p.wait()
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    import csv
+
+    out = {}
+    with open(run_dir / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            if row.get("train/loss"):
+                out[int(row["step"])] = float(row["train/loss"])
+    return out
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)["state_dict"]
+
+
+@pytest.mark.parametrize("stage", ["pretrain", "adapt"])
+def test_kill_9_at_arbitrary_points_then_resume_equals_an_uninterrupted_run(tmp_path, prepared, corpus_dir, stage):
+    exp = str(ROOT / "experiments" / "tiny.yaml")
+    extra = ["system=bl_base", "model.mini_heads=[]"] if stage == "adapt" else []
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    if stage == "adapt":  # both adapt over the same finished pretraining
+        for root in (straight, killed):
+            run_to_end("pretrain", exp, *overrides(root, prepared, corpus_dir, *extra))
+        extra.append("lang=de")
+    run_to_end(stage, exp, *overrides(straight, prepared, corpus_dir, *extra))
+    sub = Path("adapt/de") if stage == "adapt" else Path("pretrain")
+    run_dir = killed / "tiny" / ("bl_base" if stage == "adapt" else "minijoint") / sub
+    ref_dir = straight / "tiny" / ("bl_base" if stage == "adapt" else "minijoint") / sub
+
+    def saved_at_least(step: int):
+        def ready() -> bool:
+            last = run_dir / "checkpoints" / "last.ckpt"
+            return last.exists() and load_step(last) >= step
+        return ready
+
+    for step in (4, 12):  # kill shortly after these checkpoints, mid-way between others
+        kill_when(cli(stage, exp, *overrides(killed, prepared, corpus_dir, *extra)), saved_at_least(step))
+        assert not (run_dir / "done.json").exists()
+    run_to_end(stage, exp, *overrides(killed, prepared, corpus_dir, *extra))
+    assert losses(run_dir) == losses(ref_dir)  # same trajectory: nothing replayed, nothing skipped
+    a, b = weights(ref_dir / "checkpoints" / "last.ckpt"), weights(run_dir / "checkpoints" / "last.ckpt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if stage == "adapt":
+        ea = sorted(p.name for p in (ref_dir / "embeddings").glob("*.pt"))
+        assert ea == sorted(p.name for p in (run_dir / "embeddings").glob("*.pt"))
+        for name in ea:
+            assert torch.equal(torch.load(ref_dir / "embeddings" / name)["embeddings"],
+                               torch.load(run_dir / "embeddings" / name)["embeddings"])
+
+
+def load_step(path: Path) -> int:
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
+    except Exception:
+        return -1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_slurm_signal_checkpoints_and_exits_for_requeue(tmp_path, prepared, corpus_dir, sig):
+    exp = str(ROOT / "experiments" / "tiny.yaml")
+    args = overrides(tmp_path, prepared, corpus_dir, "pretrain.optim.updates=400")
+    run_dir = tmp_path / "tiny" / "minijoint" / "pretrain"
+    p = cli("pretrain", exp, *args)
+    start = time.monotonic()
+    while not (run_dir / "metrics.csv").exists() and time.monotonic() - start < 120:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    p.send_signal(sig)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 3, out
+    assert f"stopped on {sig.name} after writing a checkpoint" in out
+    step = load_step(run_dir / "checkpoints" / "last.ckpt")
+    assert 0 < step < 400 and (run_dir / "checkpoints" / f"step{step:07d}.ckpt").exists()
+    assert not (run_dir / "done.json").exists()
+    p = cli("pretrain", exp, *args, "pretrain.trainer.stop_at=" + str(step + 2))
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0 and f"resuming from {run_dir / 'checkpoints' / 'last.ckpt'} (update {step})" in out, out
+
+
+def test_a_truncated_checkpoint_is_reported_and_the_previous_one_kept(tmp_path, prepared, corpus_dir):
+    exp = str(ROOT / "experiments" / "tiny.yaml")
+    args = overrides(tmp_path, prepared, corpus_dir, "pretrain.optim.updates=8")
+    run_to_end("pretrain", exp, *args)
+    ckpts = tmp_path / "tiny" / "minijoint" / "pretrain" / "checkpoints"
+    good = (ckpts / "step0000004.ckpt").read_bytes()
+    data = (ckpts / "last.ckpt").read_bytes()
+    (ckpts / "last.ckpt").unlink()  # break the hard link before truncating
+    (ckpts / "last.ckpt").write_bytes(data[: len(data) // 2])
+    (tmp_path / "tiny" / "minijoint" / "pretrain" / "done.json").unlink()
+    p = cli("pretrain", exp, *args)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 2
+    assert f"error: checkpoint {ckpts / 'last.ckpt'} is truncated or corrupt" in out
+    assert "delete it to fall back to an earlier one" in out
+    assert (ckpts / "step0000004.ckpt").read_bytes() == good
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        load_checkpoint(ckpts / "last.ckpt")
