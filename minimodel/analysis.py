@@ -87,6 +87,7 @@ class Results:
     metrics: dict[str, str] = field(default_factory=dict)  # task -> main metric
     seeds: set[int] = field(default_factory=set)
     n_rows: int = 0
+    baselines: dict[tuple[str, str], float] = field(default_factory=dict)  # (task, lang) -> majority-class score
 
     @property
     def systems(self) -> list[str]:
@@ -272,6 +273,9 @@ def table_final(res: Results) -> str:
             flops = mean(p.flops for p in have)
             rows.append([system, *(fmt_score(None if p is None else p.score) for p in finals), fmt_score(avg),
                          fmt_days(flops / 1e18), fmt_days(v100_days(flops))])
+        base = [res.baselines.get((task, lang)) for lang in langs]
+        if any(b is not None for b in base):
+            rows.append(["majority class (train)", *(fmt_score(b) for b in base), fmt_score(_mean_or_none(base)), "", ""])
         targets = [res.target(task, lang) for lang in langs]
         if any(t is not None for t in targets):
             rows.append([f"target ({NEAR_MAX:.0%} of {REFERENCE})", *(fmt_score(t) for t in targets),
@@ -460,10 +464,13 @@ def render_report(res: Results, name: str, plots: Mapping[str, str]) -> str:
     return "\n".join(out)
 
 
-def write_report(runs_dir: str | Path, name: str, out: Path | None = None) -> Path:
+def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
+                 baselines: Mapping[tuple[str, str], float] | None = None) -> Path:
     """Read every ``{runs_dir}/{name}/*/results.jsonl``; write ``report.md`` (default
-    ``{runs_dir}/{name}/report.md``) and its PNGs under ``plots/`` next to it. Returns the report path."""
+    ``{runs_dir}/{name}/report.md``) and its PNGs under ``plots/`` next to it. Returns the report path.
+    ``baselines``: (task, lang) -> majority-class score, shown under Table 2."""
     res = load_results(runs_dir, name)
+    res.baselines = dict(baselines or {})
     out = Path(out) if out is not None else Path(runs_dir) / name / "report.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs = plot_curves(res, out.parent / "plots") if res.curves else {}
@@ -490,11 +497,18 @@ def summary_text(res: Results) -> str:
             days = _mean_or_none([res.days_to_target(system, task, lang) for lang in langs]) if has_ref else None
             sp = MISSING if system == REFERENCE or not has_ref else fmt_speedup(system_speedup(res, system, task).mean)
             lines.append(f"{task:<10} {system:<16} {fmt_score(score):>7} {fmt_days(days):>12} {sp:>8}")
+    for task in res.tasks:
+        base = [res.baselines.get((task, lang)) for lang in res.langs(task)]
+        if any(b is not None for b in base):
+            per_lang = ", ".join(f"{lang} {fmt_score(b)}" for lang, b in zip(res.langs(task), base))
+            lines.append(f"{task:<10} {'majority class':<16} {fmt_score(_mean_or_none(base)):>7}   ({per_lang})")
     if not has_ref:
         lines.append(NO_REFERENCE)
     return "\n".join(lines)
 
 
-def summary(runs_dir: str | Path, name: str) -> str:
+def summary(runs_dir: str | Path, name: str, baselines: Mapping[tuple[str, str], float] | None = None) -> str:
     """A short plain-text table for the end of a demo (see ``summary_text``)."""
-    return summary_text(load_results(runs_dir, name))
+    res = load_results(runs_dir, name)
+    res.baselines = dict(baselines or {})
+    return summary_text(res)

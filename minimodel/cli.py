@@ -81,9 +81,18 @@ class StepFailed(RuntimeError):
 
 def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
     from minimodel.analysis import summary, write_report
+    from minimodel.data.downstream import TaskData, majority_baseline
 
-    path = write_report(cfg.runs_dir, cfg.name)
-    print(summary(cfg.runs_dir, cfg.name))
+    baselines = {}
+    for task in cfg.finetune.tasks:
+        data = TaskData(task, cfg.tasks[task])
+        try:
+            langs = [cfg.source_lang, *data.languages(cfg.target_langs)]
+            baselines.update({(task, lang): v for lang, v in majority_baseline(data, langs).items()})
+        except Exception as e:  # the hub may be out of reach: the report goes on without the baseline
+            print(f"[minimodel] no majority-class baseline for {task}: {e}", file=sys.stderr)
+    path = write_report(cfg.runs_dir, cfg.name, baselines=baselines)
+    print(summary(cfg.runs_dir, cfg.name, baselines=baselines))
     print(f"report: {path}")
 
 

@@ -325,6 +325,9 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     for name in cfg.finetune.tasks:
         if name not in cfg.tasks:
             fail(f"finetune.tasks names '{name}', which is not defined under tasks: (defined: {sorted(cfg.tasks)})")
+        if cfg.tasks[name].max_len > cfg.model.max_positions - 2:
+            fail(f"tasks.{name}.max_len ({cfg.tasks[name].max_len}) exceeds the model's positions "
+                 f"(model.max_positions - 2 = {cfg.model.max_positions - 2})")
     if cfg.task and cfg.task not in cfg.tasks:
         fail(f"task={cfg.task} is not defined under tasks: (defined: {sorted(cfg.tasks)})")
     if cfg.body not in ("primary", "mini"):

@@ -151,3 +151,38 @@ def test_a_truncated_checkpoint_is_reported_and_the_previous_one_kept(tmp_path, 
     assert (ckpts / "step0000004.ckpt").read_bytes() == good
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         load_checkpoint(ckpts / "last.ckpt")
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_no_memory_growth_over_a_long_tiny_run(tmp_path, prepared, corpus_dir):
+    import lightning as L
+
+    from minimodel.stages.pretrain import run_pretrain
+    from tests.conftest import tiny_config
+
+    samples: list[tuple[int, float]] = []
+
+    class Probe(L.Callback):
+        def on_train_batch_end(self, trainer, *args) -> None:
+            if trainer.global_step % 50 == 0:
+                samples.append((trainer.global_step, rss_mb()))
+
+    from minimodel.stages import common
+
+    real = common.make_trainer
+    common.make_trainer = lambda cfg, run, callbacks, *a, **k: real(cfg, run, [*callbacks, Probe()], *a, **k)
+    try:
+        cfg = tiny_config(tmp_path, corpus_dir, f"data.prepared_dir={prepared / 'prepared'}",
+                          "pretrain.optim.updates=600", "pretrain.optim.global_batch=8", "pretrain.optim.micro_batch=8",
+                          "pretrain.trainer.ckpt_every=200", "pretrain.trainer.val_every=100",
+                          "pretrain.trainer.log_every=10")
+        run_pretrain(cfg, progress_bar=False)
+    finally:
+        common.make_trainer = real
+    by_step = dict(samples)
+    warm, end = by_step[100], by_step[600]
+    assert end - warm < 25, f"RSS grew from {warm:.0f} MB (update 100) to {end:.0f} MB (update 600)"

@@ -6,7 +6,7 @@ v1.1 for the QA tasks); local tasks are ``LocalClassificationTask`` directories.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,3 +132,16 @@ def score(task: TaskData, records: list[dict[str, Any]], features: list[dict[str
 def evaluate(task: TaskData, body: RobertaMLM, head: nn.Module, records: list[dict[str, Any]],
              features: list[dict[str, Any]], lang: str, batch_size: int, device: torch.device) -> dict[str, float]:
     return score(task, records, features, predict(body, head, features, batch_size, device), lang)
+
+
+def majority_baseline(task: TaskData, langs: list[str]) -> dict[str, float]:
+    """Accuracy of always predicting the most frequent label of the English training data, per language."""
+    if task.is_qa:
+        return {}
+    counts = Counter(r["label"] for r in task.records("train"))
+    top = counts.most_common(1)[0][0]
+    out = {}
+    for lang in langs:
+        labels = [int(r["label"]) for r in task.records("test", lang)]
+        out[lang] = 100.0 * sum(label == top for label in labels) / max(1, len(labels))
+    return out
