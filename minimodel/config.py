@@ -325,9 +325,6 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     for name in cfg.finetune.tasks:
         if name not in cfg.tasks:
             fail(f"finetune.tasks names '{name}', which is not defined under tasks: (defined: {sorted(cfg.tasks)})")
-        if cfg.tasks[name].max_len > cfg.model.max_positions - 2:
-            fail(f"tasks.{name}.max_len ({cfg.tasks[name].max_len}) exceeds the model's positions "
-                 f"(model.max_positions - 2 = {cfg.model.max_positions - 2})")
     if cfg.task and cfg.task not in cfg.tasks:
         fail(f"task={cfg.task} is not defined under tasks: (defined: {sorted(cfg.tasks)})")
     if cfg.body not in ("primary", "mini"):
@@ -341,6 +338,13 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
         o = getattr(cfg, stage).optim
         if o.global_batch % o.micro_batch:
             fail(f"{stage}.optim.global_batch ({o.global_batch}) must be a multiple of micro_batch ({o.micro_batch})")
+
+
+def check_task_fits(cfg: ExperimentConfig, task: str) -> None:
+    """Called where a task is featurised: its inputs must fit the model's positions."""
+    if cfg.tasks[task].max_len > cfg.model.max_positions - 2:
+        raise ConfigError(f"tasks.{task}.max_len ({cfg.tasks[task].max_len}) exceeds the model's positions "
+                          f"(model.max_positions - 2 = {cfg.model.max_positions - 2}): set tasks.{task}.max_len")
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

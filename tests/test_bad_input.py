@@ -119,3 +119,12 @@ def test_disk_full_while_writing_shards_keeps_finished_shards(tmp_path, prepared
     monkeypatch.setattr(np, "save", real_save)
     manifest = encode_corpus(corpus_dir / "en.txt", tok, out, shard_bytes=50_000, progress=False)
     assert manifest["complete"] and len(manifest["shards"]) >= 4
+
+
+def test_task_longer_than_the_model_positions(tmp_path, prepared, corpus_dir):
+    from minimodel.config import ConfigError, check_task_fits
+
+    c = cfg(tmp_path, prepared, corpus_dir)
+    with pytest.raises(ConfigError, match=r"tasks.xnli.max_len \(256\) exceeds the model's positions "
+                                          r"\(model.max_positions - 2 = 64\): set tasks.xnli.max_len"):
+        check_task_fits(c, "xnli")

@@ -233,8 +233,13 @@ class ScheduledCheckpoints(Callback):
         self.last_step = trainer.global_step
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
-        if trainer.global_step == 0 and getattr(pl_module, "export", None) is not None and trainer.is_global_zero:
+        fresh = trainer.ckpt_path is None  # on resume, global_step is not restored yet at this point
+        if fresh and getattr(pl_module, "export", None) is not None and trainer.is_global_zero:
             pl_module.export(0)  # the starting point of the curve
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After Lightning registered its own handlers (which would raise SIGTERMException mid-epoch and
+        # requeue from a hpc checkpoint): ours let the current update finish, checkpoint, then stop.
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             try:
                 self._old_handlers[sig] = signal.signal(sig, self._request_stop)

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torchmetrics.classification import MulticlassAccuracy
 
-from minimodel.config import ConfigError, ExperimentConfig, OptimConfig, save_config
+from minimodel.config import ConfigError, ExperimentConfig, OptimConfig, check_task_fits, save_config
 from minimodel.data.downstream import TaskData, evaluate, task_head
 from minimodel.data.mlm import ResumableSampler
 from minimodel.data.tasks import pad_collate
@@ -168,6 +168,7 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
     if common.is_done(run_dir):
         print(f"[minimodel] {run_dir} is complete; skipping", flush=True)
         return run_dir
+    check_task_fits(cfg, task)
     data = TaskData(task, cfg.tasks[task])
     tok = load_source_tokenizer(cfg)
     train_records = data.records("train")
