@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = common.setup(args)
     base = common.default_sizes(device, args.quick)
     widths = args.widths or ([base.hidden] if args.quick or device.type == "cuda" else [base.hidden, 256])
-    windows, warmup = (2, 1) if args.quick else (5, 2)
+    windows, warmup = (2, 1) if args.quick else (7, 2)
     fused = True if args.fused else None
 
     common.rule("bench_efficiency: achieved FLOP/s of training updates vs the matmul peak")
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("(FLOPs: the analytic A1/A3 counts; attention backward's extra 4hs^2 per layer and the elementwise work "
           "are not counted)")
 
-    profiles: dict[str, list[dict[str, Any]]] = {}
+    profiles: dict[str, dict[str, Any]] = {}
     if args.profile or not all(met.values()):
         for kind, step in steps[widths[0]].items():
             profiles[kind] = common.top_ops(step, device, steps=2 if args.quick else 3)

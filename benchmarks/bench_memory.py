@@ -32,11 +32,13 @@ from minimodel.model import RobertaMLM
 
 MB = 2**20
 STAGES: dict[str, tuple[str, Callable[[common.Sizes], RobertaMLM]]] = {
-    "pretrain": ("pretrain, 12 layers + MiniJoint head", lambda s: common.pretrain_model(s, mini_heads=[common.MINI_DEPTH])),
+    "pretrain": ("pretrain, 12 layers + MiniJoint head",
+                 lambda s: common.pretrain_model(s, mini_heads=[common.MINI_DEPTH])),
     "bridge": ("bridge, MiniPost 6 layers (2 train)", common.bridge_model),
     "adapt12": ("adapt, 12-layer body", lambda s: common.adaptation_model(s, common.BODY_LAYERS)),
     "adapt4": ("adapt, MiniJoint 4-layer", lambda s: common.adaptation_model(s, common.MINI_DEPTH)),
-    "adapt6": ("adapt, MiniPost 6-layer", lambda s: common.adaptation_model(s, common.MINI_DEPTH + common.BRIDGE_LAYERS)),
+    "adapt6": ("adapt, MiniPost 6-layer",
+               lambda s: common.adaptation_model(s, common.MINI_DEPTH + common.BRIDGE_LAYERS)),
 }
 
 

@@ -295,8 +295,12 @@ def matmul_peak(device: torch.device, quick: bool) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- profiling
 
 
-def top_ops(fn: Callable[[], object], device: torch.device, steps: int = 3, k: int = 15) -> list[dict[str, Any]]:
-    """The ``k`` operators with the most self time over ``steps`` calls of ``fn`` (after one unprofiled call)."""
+MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation"}
+
+
+def top_ops(fn: Callable[[], object], device: torch.device, steps: int = 3, k: int = 15) -> dict[str, Any]:
+    """The ``k`` operators with the most self time over ``steps`` calls of ``fn`` (after one unprofiled call),
+    and the shares of matrix products, dropout's random numbers (``bernoulli_``) and everything else."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -310,14 +314,20 @@ def top_ops(fn: Callable[[], object], device: torch.device, steps: int = 3, k: i
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     total = sum(getattr(e, key) for e in events) or 1.0
     rows = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:k]
-    return [{"op": e.key, "self_ms_per_step": getattr(e, key) / 1e3 / steps, "share": getattr(e, key) / total,
-             "calls_per_step": e.count / steps} for e in rows]
+    matmul = sum(getattr(e, key) for e in events if e.key in MATMUL_OPS) / total
+    dropout = sum(getattr(e, key) for e in events if e.key == "aten::bernoulli_") / total
+    return {"total_ms_per_step": total / 1e3 / steps,
+            "groups": {"matrix products": matmul, "dropout RNG (bernoulli_)": dropout, "other": 1 - matmul - dropout},
+            "rows": [{"op": e.key, "self_ms_per_step": getattr(e, key) / 1e3 / steps, "share": getattr(e, key) / total,
+                      "calls_per_step": e.count / steps} for e in rows]}
 
 
-def print_top_ops(rows: list[dict[str, Any]]) -> None:
+def print_top_ops(prof: dict[str, Any]) -> None:
     print(f"  {'operator':<48} {'self ms/step':>12} {'share':>7} {'calls/step':>10}")
-    for r in rows:
+    for r in prof["rows"]:
         print(f"  {r['op'][:48]:<48} {r['self_ms_per_step']:>12.1f} {100 * r['share']:>6.1f}% {r['calls_per_step']:>10.0f}")
+    print(f"  profiled self time {prof['total_ms_per_step']:.0f} ms/step: "
+          + ", ".join(f"{name} {100 * v:.1f}%" for name, v in prof["groups"].items()))
 
 
 @contextlib.contextmanager

@@ -67,7 +67,7 @@ def summary(res: dict[str, Any]) -> list[tuple[str, str, str]]:
                          f">= {100 * r['target']:.0f}%: {yes(row['share_of_peak'] >= r['target'])}" if on_target else ""))
     if "bench_data" in res:
         r = res["bench_data"]
-        rows.append(("tokenizer training (vocab {})".format(r["sizes"]["vocab"]), f"{r['tokenizer_train_s']:.1f} s", ""))
+        rows.append((f"tokenizer training (vocab {r['tokenizer_vocab']})", f"{r['tokenizer_train_s']:.1f} s", ""))
         rows.append(("encode_corpus, 2 threads", f"{r['encode_corpus_mb_per_s']:.2f} MB/s", ""))
         raw = r["raw_encode_mb_per_s"]
         rows.append(("Tokenizer.encode, 1 / 2 threads", f"{raw['1']:.2f} / {raw['2']:.2f} MB/s", ""))
@@ -97,7 +97,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench_") as tmp_name:
         tmp = Path(tmp_name)
         for name in args.only or BENCHES:
-            extra: list[str] = ["--compile"] if args.compile and name in ("bench_adapt_speedup", "bench_efficiency") else []
+            compiled = args.compile and name in ("bench_adapt_speedup", "bench_efficiency")
+            extra: list[str] = ["--compile"] if compiled else []
+            if name == "bench_efficiency" and not args.quick:
+                extra += ["--profile"]  # record where the time goes, on target or not
             if name == "bench_data":  # the consumers measured by the earlier benchmarks, at the same sizes
                 eff, spd = res.get("bench_efficiency"), res.get("bench_adapt_speedup")
                 if eff:

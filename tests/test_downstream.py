@@ -109,3 +109,23 @@ def test_all_four_systems_through_steps_1_to_4(tmp_path, prepared, corpus_dir):
     again = ResultsTable(runs / "bl_base" / "results.jsonl").rows()
     key = lambda r: (r["task"], r["lang"], r["seed"], r["step"], r["body"], r["split"], r["metric"])
     assert sorted(map(key, again)) == sorted(map(key, (json.loads(l) for l in lines)))
+
+
+@pytest.mark.slow
+def test_extractive_qa_through_steps_3_and_4(tmp_path, prepared, corpus_dir):
+    """MLQA from local files in the hub schema: SQuAD-format English training, German test, F1/EM rows."""
+    fixtures = ROOT / "tests" / "fixtures" / "tasks"
+    overrides = [*tiny_demo(tmp_path, prepared, corpus_dir), "system=bl_base", "target_langs=[de]",
+                 f"tasks.mlqa.source={fixtures / 'mlqa'}", f"tasks.mlqa.train_source={fixtures / 'squad'}",
+                 "tasks.mlqa.max_len=64", "tasks.mlqa.stride=16", "finetune.tasks=[mlqa]", "finetune.epochs=2",
+                 "finetune.batch_size=4", "finetune.micro_batch=4"]
+    exp = str(ROOT / "experiments" / "demo.yaml")
+    for command in (["pretrain"], ["adapt", "lang=de"], ["finetune"], ["evaluate"]):
+        assert main([command[0], exp, *overrides, *command[1:], "--no-progress"]) == 0, command
+    rows = ResultsTable(tmp_path / "runs" / "demo" / "bl_base" / "results.jsonl").rows()
+    de = [r for r in rows if r["lang"] == "de"]
+    assert {r["metric"] for r in de} == {"f1", "exact_match"}
+    assert {r["step"] for r in de} == {0, 1, 3, 6}
+    assert all(0.0 <= r["value"] <= 100.0 for r in rows)
+    assert {(r["split"], r["metric"]) for r in rows if r["lang"] == "en"} == {
+        ("dev", "f1"), ("dev", "exact_match"), ("test", "f1"), ("test", "exact_match")}
