@@ -59,8 +59,9 @@ def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
     device = device_for(cfg)
     cache: dict[tuple[str, str], tuple[Tokenizer, list, list]] = {}
     plan = []  # (task, seed, lang, checkpoint)
+    datas = {task: TaskData(task, cfg.tasks[task]) for task in tasks}  # reads each task's label set once
     for task in tasks:
-        data = TaskData(task, cfg.tasks[task])
+        data = datas[task]
         langs = [cfg.lang] if cfg.lang else data.languages(cfg.target_langs)
         for seed in seeds:
             for lang in langs:
@@ -80,7 +81,7 @@ def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
     loaded: tuple[str, int] | None = None
     body = head = None
     for task, seed, lang, path in todo:
-        data = TaskData(task, cfg.tasks[task])
+        data = datas[task]
         if loaded != (task, seed):
             model_path = finetune_dir(cfg, task, seed) / "model.pt"
             if not model_path.exists():
