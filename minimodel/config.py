@@ -33,7 +33,11 @@ class ConfigError(ValueError):
 class DataConfig:
     corpus_dir: str = "data/cc100"  # holds {lang}.txt or {lang}.txt.xz (CC-100 layout)
     prepared_dir: str = "runs/prepared"  # tokenizers and token shards, shared by every system
-    vocab_size: int = 50_000
+    vocab_size: int = 50_000  # SentencePiece pieces per language
+    # source language only: a Hugging Face tokenizer (directory or hub id) instead of a SentencePiece model
+    # trained here, for a public primary model; "" = SentencePiece (MiniPost with a Hugging Face
+    # bridge.source uses that model's own tokenizer unless this names another)
+    source_tokenizer: str = ""
     spm_model_type: str = "unigram"
     spm_max_sentences: int = 10_000_000  # sentence sampling cap for tokenizer training
     spm_character_coverage: float = 0.9995
@@ -86,7 +90,7 @@ class StageConfig:
 class BridgeConfig:
     depth: int = 4  # N: bottom layers copied from the primary model
     layers: int = 2  # new layers inserted between layer N and the MLM head
-    source: str = ""  # BL_BASE checkpoint or Hugging Face model dir; "" = this experiment's pretraining
+    source: str = ""  # BL_BASE .ckpt, or Hugging Face model dir / hub id; "" = this experiment's BL_BASE
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
@@ -177,6 +181,15 @@ class ExperimentConfig:
     def label(self) -> str:
         """The system as results and reports name it: ``minijoint`` or, in a sweep, ``minijoint-n6``."""
         return self.run_dir.name
+
+    @property
+    def source_tokenizer(self) -> str:
+        """The source language's Hugging Face tokenizer, "" for the SentencePiece model `prepare` trains."""
+        if self.data.source_tokenizer:
+            return self.data.source_tokenizer
+        if self.system == "minipost" and is_hf_source(self.bridge.source):
+            return self.bridge.source
+        return ""
 
     @property
     def mini_depth(self) -> int:
@@ -293,6 +306,11 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
         raise ConfigError(f"{path}: {e}") from e
     validate(obj, str(path))
     return obj
+
+
+def is_hf_source(source: str) -> bool:
+    """A ``bridge.source`` naming a Hugging Face model (directory or hub id) rather than a checkpoint file."""
+    return bool(source) and not source.endswith(".ckpt") and not Path(source).is_file()
 
 
 def validate(cfg: ExperimentConfig, source: str) -> None:

@@ -106,21 +106,24 @@ def primary_only(model: RobertaMLM) -> RobertaMLM:
 # --------------------------------------------------------------------------------------------- embeddings
 
 
-def overlap_init(source: Tensor, source_pieces: Sequence[str], target_pieces: Sequence[str],
+def overlap_init(source: Tensor, source_pieces: Sequence[str | None], target_pieces: Sequence[str | None],
                  std: float = 0.02, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """Target embeddings as in the paper's footnote 1 (Pfeiffer et al., 2021): a piece that also exists
     in the source vocabulary copies its source embedding, every other piece is drawn from N(0, std).
+    ``None`` pieces match nothing; a piece present twice in the source matches its first (lowest) id.
 
-    Returns the (V_trg, h) matrix and the boolean mask of copied (overlapping) rows."""
-    index = {piece: i for i, piece in enumerate(source_pieces)}
+    Returns the (V_trg, h) matrix and, per target row, the source row it copies (-1: not copied)."""
+    index: dict[str, int] = {}
+    for i, piece in enumerate(source_pieces):
+        if piece is not None:
+            index.setdefault(piece, i)
     weight = torch.empty(len(target_pieces), source.shape[1], dtype=source.dtype)
     weight.normal_(0.0, std, generator=generator)
-    src_rows = [index.get(p, -1) for p in target_pieces]
-    copied = torch.tensor([r >= 0 for r in src_rows], dtype=torch.bool)
+    rows = torch.tensor([index.get(p, -1) if p is not None else -1 for p in target_pieces], dtype=torch.long)
+    copied = rows >= 0
     if copied.any():
-        rows = torch.tensor([r for r in src_rows if r >= 0])
-        weight[copied] = source.detach()[rows].to(weight.dtype)
-    return weight, copied
+        weight[copied] = source.detach()[rows[copied]].to(weight.dtype)
+    return weight, rows
 
 
 def swap_embeddings(model: RobertaMLM, weight: Tensor, bias: Tensor | None = None) -> RobertaMLM:

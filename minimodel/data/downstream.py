@@ -94,7 +94,7 @@ def predict(body: RobertaMLM, head: nn.Module, features: list[dict[str, Any]], b
     out: list[Any] = []
     for i in range(0, len(features), batch_size):
         chunk = features[i:i + batch_size]
-        batch = pad_collate(chunk)
+        batch = pad_collate(chunk, body.cfg.pad_id)
         ids = batch["input_ids"].to(device)
         with torch.autocast(device.type, dtype=half, enabled=device.type == "cuda"):
             logits = head(body.encode(ids))

@@ -26,39 +26,62 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from minimodel.data.shards import ShardError, TokenStream
-from minimodel.data.tokenizer import BOS, MASK
+from minimodel.data.tokenizer import SENTENCEPIECE_SPECIALS, SpecialTokens
 from minimodel.model import IGNORE_INDEX
 
-N_SPECIAL = 5  # <s> <pad> </s> <unk> <mask>: never masked, never drawn as random replacements
+N_SPECIAL = 5  # SentencePiece: <s> <pad> </s> <unk> <mask> are ids 0-4
 
 
-def mask_tokens(
-    tokens: np.ndarray, rng: np.random.Generator, mask_prob: float, vocab_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """BERT masking: choose ``mask_prob`` of the non-special tokens; of those 80% -> <mask>,
-    10% -> a random non-special token, 10% unchanged. Returns (inputs, labels with -100 elsewhere)."""
-    inputs = tokens.copy()
-    labels = np.full_like(tokens, IGNORE_INDEX)
-    candidates = np.flatnonzero(tokens >= N_SPECIAL)
-    n = int(mask_prob * len(candidates) + rng.random())  # probabilistic rounding, as fairseq
-    if n == 0:
+class Masker:
+    """BERT masking for one vocabulary: choose ``mask_prob`` of the non-special tokens; of those 80%
+    -> <mask>, 10% -> a random non-special token, 10% unchanged. Special tokens (``specials.ids``, e.g.
+    RoBERTa's <mask> = 50264, the last id) are never chosen and never drawn as replacements."""
+
+    def __init__(self, vocab_size: int, mask_prob: float, specials: SpecialTokens = SENTENCEPIECE_SPECIALS) -> None:
+        self.vocab_size, self.mask_prob, self.mask_id = vocab_size, mask_prob, specials.mask
+        self.special_ids = np.asarray(specials.ids, dtype=np.int64)
+        if self.special_ids.max() >= vocab_size:
+            raise ValueError(f"special token id {int(self.special_ids.max())} is outside a vocabulary of {vocab_size}")
+        # the common case, specials = 0..k-1: comparisons instead of lookups (same draws either way)
+        self.leading = int(self.special_ids[-1]) + 1 if np.array_equal(self.special_ids, np.arange(len(self.special_ids))) else 0
+        self.regular = None if self.leading else np.setdiff1d(np.arange(vocab_size), self.special_ids)
+
+    def __call__(self, tokens: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """(inputs, labels with -100 where nothing was masked)."""
+        inputs = tokens.copy()
+        labels = np.full_like(tokens, IGNORE_INDEX)
+        special = tokens < self.leading if self.leading else np.isin(tokens, self.special_ids)
+        candidates = np.flatnonzero(~special)
+        n = int(self.mask_prob * len(candidates) + rng.random())  # probabilistic rounding, as fairseq
+        if n == 0:
+            return inputs, labels
+        chosen = rng.choice(candidates, size=n, replace=False)
+        labels[chosen] = tokens[chosen]
+        u = rng.random(n)
+        inputs[chosen[u < 0.8]] = self.mask_id
+        rand = chosen[(u >= 0.8) & (u < 0.9)]
+        if self.leading:
+            inputs[rand] = rng.integers(self.leading, self.vocab_size, size=len(rand))
+        else:
+            inputs[rand] = self.regular[rng.integers(0, len(self.regular), size=len(rand))]
         return inputs, labels
-    chosen = rng.choice(candidates, size=n, replace=False)
-    labels[chosen] = tokens[chosen]
-    u = rng.random(n)
-    inputs[chosen[u < 0.8]] = MASK
-    rand = chosen[(u >= 0.8) & (u < 0.9)]
-    inputs[rand] = rng.integers(N_SPECIAL, vocab_size, size=len(rand))
-    return inputs, labels
+
+
+def mask_tokens(tokens: np.ndarray, rng: np.random.Generator, mask_prob: float, vocab_size: int,
+                specials: SpecialTokens = SENTENCEPIECE_SPECIALS) -> tuple[np.ndarray, np.ndarray]:
+    """One-off ``Masker(vocab_size, mask_prob, specials)(tokens, rng)``."""
+    return Masker(vocab_size, mask_prob, specials)(tokens, rng)
 
 
 class BlockDataset(Dataset):
     """Map-style dataset indexed by global sample position (see the module docstring)."""
 
     def __init__(self, stream: TokenStream, blocks: np.ndarray, seq_len: int, mask_prob: float,
-                 vocab_size: int, seed: int, shuffle: bool) -> None:
+                 vocab_size: int, seed: int, shuffle: bool, specials: SpecialTokens = SENTENCEPIECE_SPECIALS) -> None:
         self.stream, self.blocks, self.seq_len = stream, blocks, seq_len
         self.mask_prob, self.vocab_size, self.seed, self.shuffle = mask_prob, vocab_size, seed, shuffle
+        self.bos = specials.bos
+        self.masker = Masker(vocab_size, mask_prob, specials)
         self._perm_epoch, self._perm = -1, blocks
 
     def __len__(self) -> int:
@@ -66,7 +89,7 @@ class BlockDataset(Dataset):
 
     def block(self, b: int) -> np.ndarray:
         span = self.seq_len - 1
-        return np.concatenate([[BOS], self.stream.slice(b * span, (b + 1) * span)])
+        return np.concatenate([[self.bos], self.stream.slice(b * span, (b + 1) * span)])
 
     def block_at(self, g: int) -> int:
         epoch, i = divmod(g, len(self.blocks))
@@ -79,8 +102,7 @@ class BlockDataset(Dataset):
 
     def __getitem__(self, g: int) -> dict[str, torch.Tensor]:
         tokens = self.block(self.block_at(g))
-        inputs, labels = mask_tokens(tokens, np.random.default_rng([self.seed, 1 + int(self.shuffle), g]),
-                                     self.mask_prob, self.vocab_size)
+        inputs, labels = self.masker(tokens, np.random.default_rng([self.seed, 1 + int(self.shuffle), g]))
         return {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
 
 
@@ -103,9 +125,11 @@ class MLMDataModule(L.LightningDataModule):
     """Train/validation MLM blocks over one prepared corpus; DDP-aware and resumable."""
 
     def __init__(self, shard_dir: str | Path, seq_len: int, mask_prob: float, vocab_size: int,
-                 micro_batch: int, global_batch: int, val_blocks: int, num_workers: int = 2, seed: int = 1) -> None:
+                 micro_batch: int, global_batch: int, val_blocks: int, num_workers: int = 2, seed: int = 1,
+                 specials: SpecialTokens = SENTENCEPIECE_SPECIALS, tokenizer_sha256: str = "") -> None:
         super().__init__()
         self.shard_dir = Path(shard_dir)
+        self.specials, self.tokenizer_sha256 = specials, tokenizer_sha256
         self.seq_len, self.mask_prob, self.vocab_size = seq_len, mask_prob, vocab_size
         self.micro_batch, self.global_batch, self.val_blocks = micro_batch, global_batch, val_blocks
         self.num_workers, self.seed = num_workers, seed
@@ -120,6 +144,10 @@ class MLMDataModule(L.LightningDataModule):
         if stream.vocab_size != self.vocab_size:
             raise ShardError(f"shards in {self.shard_dir} were made with a tokenizer of {stream.vocab_size} pieces, "
                              f"but the model's vocabulary has {self.vocab_size}")
+        if self.tokenizer_sha256 and stream.tokenizer_sha256 and stream.tokenizer_sha256 != self.tokenizer_sha256:
+            raise ShardError(f"shards in {self.shard_dir} were made with another tokenizer (sha256 "
+                             f"{stream.tokenizer_sha256[:12]}, this run's is {self.tokenizer_sha256[:12]}); "
+                             f"run `minimodel prepare` with this configuration (into another data.prepared_dir)")
         n_blocks = len(stream) // (self.seq_len - 1)
         if n_blocks < 2 * self.val_blocks or n_blocks < 2:
             raise ShardError(
@@ -128,7 +156,7 @@ class MLMDataModule(L.LightningDataModule):
                 f"use a larger corpus or lower data.val_blocks / data.seq_len")
         blocks = np.arange(n_blocks, dtype=np.int64)
         common = dict(stream=stream, seq_len=self.seq_len, mask_prob=self.mask_prob,
-                      vocab_size=self.vocab_size, seed=self.seed)
+                      vocab_size=self.vocab_size, seed=self.seed, specials=self.specials)
         self.train_set = BlockDataset(blocks=blocks[: n_blocks - self.val_blocks], shuffle=True, **common)
         self.val_set = BlockDataset(blocks=blocks[n_blocks - self.val_blocks:], shuffle=False, **common)
 

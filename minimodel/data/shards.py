@@ -23,7 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from minimodel.data.corpus import iter_documents
-from minimodel.data.tokenizer import EOS, Tokenizer
+from minimodel.data.tokenizer import AnyTokenizer
 
 MANIFEST = "manifest.json"
 
@@ -50,17 +50,18 @@ def _chunks(corpus: Path, shard_bytes: int) -> Iterator[tuple[list[list[str]], i
         yield chunk, size
 
 
-def encode_documents(docs: list[list[str]], tok: Tokenizer, threads: int) -> np.ndarray:
+def encode_documents(docs: list[list[str]], tok: AnyTokenizer, threads: int) -> np.ndarray:
     lines = [line for doc in docs for line in doc]
     ids = tok.encode(lines, threads=threads)
+    eos = tok.specials.eos
     out: list[int] = []
     k = 0
     for doc in docs:
         for _ in doc:
             out.extend(ids[k])
-            out.append(EOS)
+            out.append(eos)
             k += 1
-        out.append(EOS)  # document separator
+        out.append(eos)  # document separator
     return np.asarray(out, dtype=token_dtype(tok.vocab_size))
 
 
@@ -104,7 +105,7 @@ def _shard_ok(out_dir: Path, entry: dict) -> bool:
 
 def encode_corpus(
     corpus: Path,
-    tok: Tokenizer,
+    tok: AnyTokenizer,
     out_dir: Path,
     shard_bytes: int = 64 * 2**20,
     threads: int = 2,
@@ -161,6 +162,7 @@ class TokenStream:
     files: list[str]
     lengths: list[int]
     vocab_size: int
+    tokenizer_sha256: str = ""
 
     @classmethod
     def open(cls, out_dir: str | Path) -> "TokenStream":
@@ -175,14 +177,15 @@ class TokenStream:
                 raise ShardError(f"shard {out_dir / e['file']} is missing or corrupt (expected {e['tokens']} tokens); "
                                  f"run `minimodel prepare` again to re-encode it")
         return cls(out_dir, [e["file"] for e in manifest["shards"]], [e["tokens"] for e in manifest["shards"]],
-                   int(manifest["vocab_size"]))
+                   int(manifest["vocab_size"]), str(manifest.get("tokenizer_sha256", "")))
 
     def __post_init__(self) -> None:
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
         self._arrays: list[np.ndarray] | None = None
 
     def __getstate__(self) -> dict:
-        return {"out_dir": self.out_dir, "files": self.files, "lengths": self.lengths, "vocab_size": self.vocab_size}
+        return {"out_dir": self.out_dir, "files": self.files, "lengths": self.lengths, "vocab_size": self.vocab_size,
+                "tokenizer_sha256": self.tokenizer_sha256}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)  # type: ignore[misc]

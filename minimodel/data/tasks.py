@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
-from sentencepiece import sentencepiece_pb2
 
-from minimodel.data.tokenizer import BOS, EOS, PAD, Tokenizer
+from minimodel.data.tokenizer import PAD, AnyTokenizer
 
 EXTENSIONS = ("jsonl", "json", "parquet", "csv", "tsv")
 Offset = tuple[int, int] | None
@@ -253,24 +252,14 @@ class LocalClassificationTask:
 # ----------------------------------------------------------------------------------- featurisation
 
 
-def encode_with_offsets(tokenizer: Tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+def encode_with_offsets(tokenizer: AnyTokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     """Token ids of ``text`` and each token's ``(start, end)`` character span in ``text``, without the
-    leading whitespace that SentencePiece folds into a piece (a bare "▁" gets an empty span)."""
-    proto = sentencepiece_pb2.SentencePieceText()
-    proto.ParseFromString(tokenizer.sp.encode(text, out_type="serialized_proto"))
-    # SentencePiece reports UTF-8 byte offsets into the original text
-    char_at = [i for i, ch in enumerate(text) for _ in ch.encode("utf-8")] + [len(text)]
-    ids, offsets = [], []
-    for piece in proto.pieces:
-        start, end = char_at[piece.begin], char_at[piece.end]
-        surface = text[start:end]
-        ids.append(piece.id)
-        offsets.append((start + len(surface) - len(surface.lstrip()), end))
-    return ids, offsets
+    leading whitespace a piece may carry (a bare "▁" gets an empty span)."""
+    return tokenizer.encode_with_offsets(text)
 
 
 def encode_classification(
-    records: Sequence[dict[str, Any]], tokenizer: Tokenizer, text_fields: Sequence[str], max_len: int = 256
+    records: Sequence[dict[str, Any]], tokenizer: AnyTokenizer, text_fields: Sequence[str], max_len: int = 256
 ) -> dict[str, list]:
     """RoBERTa inputs ``<s> A </s>`` or ``<s> A </s></s> B </s>``, at most ``max_len`` tokens (the longer
     text loses its last token first), and the records' int labels."""
@@ -280,13 +269,14 @@ def encode_classification(
     if max_len <= specials:
         raise ValueError(f"max_len={max_len} leaves no room for text")
     columns = [tokenizer.encode([str(r[f]) for r in records]) for f in text_fields]
+    bos, eos = tokenizer.specials.bos, tokenizer.specials.eos
     input_ids = []
     for ids in zip(*columns):
         if len(ids) == 1:
-            input_ids.append([BOS, *ids[0][: max_len - specials], EOS])
+            input_ids.append([bos, *ids[0][: max_len - specials], eos])
         else:
             len_a, len_b = truncate_pair(len(ids[0]), len(ids[1]), max_len - specials)
-            input_ids.append([BOS, *ids[0][:len_a], EOS, EOS, *ids[1][:len_b], EOS])
+            input_ids.append([bos, *ids[0][:len_a], eos, eos, *ids[1][:len_b], eos])
     return {"input_ids": input_ids, "label": [int(r["label"]) for r in records]}
 
 
@@ -303,7 +293,7 @@ def truncate_pair(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
 
 def encode_qa(
     records: Sequence[dict[str, Any]],
-    tokenizer: Tokenizer,
+    tokenizer: AnyTokenizer,
     max_len: int = 384,
     stride: int = 128,
     max_query_len: int = 64,
@@ -315,6 +305,7 @@ def encode_qa(
     is not wholly inside the window or the record has none)."""
     keys = ("input_ids", "offsets", "example_id", "start_positions", "end_positions")
     features: dict[str, list] = {k: [] for k in keys}
+    bos, eos = tokenizer.specials.bos, tokenizer.specials.eos
     for rec in records:
         question = tokenizer.encode_one(rec["question"])[:max_query_len]
         ctx_ids, ctx_offsets = encode_with_offsets(tokenizer, rec["context"])
@@ -327,7 +318,7 @@ def encode_qa(
         answer = _answer_tokens(rec, ctx_offsets)
         for begin in _window_starts(len(ctx_ids), window, stride):
             end = min(begin + window, len(ctx_ids))
-            features["input_ids"].append([BOS, *question, EOS, EOS, *ctx_ids[begin:end], EOS])
+            features["input_ids"].append([bos, *question, eos, eos, *ctx_ids[begin:end], eos])
             features["offsets"].append([None] * prefix + ctx_offsets[begin:end] + [None])
             features["example_id"].append(rec["id"])
             inside = answer is not None and begin <= answer[0] and answer[1] < end
@@ -387,11 +378,11 @@ def feature_rows(features: dict[str, list]) -> list[dict[str, Any]]:
     return [dict(zip(keys, values)) for values in zip(*features.values())]
 
 
-def pad_collate(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Batch features: ``input_ids`` right-padded with ``<pad>`` plus ``attention_mask``; int fields
+def pad_collate(batch: Sequence[dict[str, Any]], pad_id: int = PAD) -> dict[str, Any]:
+    """Batch features: ``input_ids`` right-padded with ``pad_id`` (the model's ``<pad>``) plus ``attention_mask``; int fields
     (``label``, ``start_positions``, ...) as tensors; other fields (``offsets``, ``example_id``) as lists."""
     width = max(len(f["input_ids"]) for f in batch)
-    input_ids = torch.full((len(batch), width), PAD, dtype=torch.long)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(batch), width), dtype=torch.bool)
     for i, f in enumerate(batch):
         input_ids[i, : len(f["input_ids"])] = torch.tensor(f["input_ids"], dtype=torch.long)

@@ -1,13 +1,24 @@
-"""SentencePiece tokenizers, one per language, with the special-token ids the model agrees on."""
+"""Tokenizers: a SentencePiece model per language (trained by `minimodel prepare`), and, for the
+source language only, a Hugging Face tokenizer when the primary model is a public checkpoint
+(``data.source_tokenizer``, e.g. MiniPost from ``roberta-base`` or ``xlm-roberta-base``).
+
+Both kinds offer the same small interface: ``encode``, ``encode_one``, ``encode_with_offsets``,
+``decode``, ``vocab_size``, ``sha256`` (the identity checked wherever embeddings meet a tokenizer),
+``specials`` (the ids of ``<s> <pad> </s> <unk> <mask>``) and ``surface_pieces()`` (every piece in
+SentencePiece spelling, so that vocabularies of different conventions can be compared for the
+overlap initialisation of footnote 1).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import random
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator, Protocol
 
 import sentencepiece as spm
 
@@ -16,6 +27,27 @@ from minimodel.data.corpus import iter_lines
 # fairseq / RoBERTa order for the first four; <mask> right after them.
 BOS, PAD, EOS, UNK, MASK = 0, 1, 2, 3, 4
 SPECIALS = {"<s>": BOS, "<pad>": PAD, "</s>": EOS, "<unk>": UNK, "<mask>": MASK}
+WORD_START = "\u2581"  # SentencePiece's "▁": the piece starts a new word
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Ids of the special tokens. ``ids`` (these plus any other special token of the tokenizer) are
+    never masked and never drawn as random replacements."""
+
+    bos: int = BOS
+    pad: int = PAD
+    eos: int = EOS
+    unk: int = UNK
+    mask: int = MASK
+    others: tuple[int, ...] = ()
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(sorted({self.bos, self.pad, self.eos, self.unk, self.mask, *self.others}))
+
+
+SENTENCEPIECE_SPECIALS = SpecialTokens()
 
 
 class TokenizerError(ValueError):
@@ -30,8 +62,26 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
+class AnyTokenizer(Protocol):
+    """What the stages need from a tokenizer (``Tokenizer`` and ``HFTokenizer``)."""
+
+    path: Any
+    sha256: str
+    specials: SpecialTokens
+
+    @property
+    def vocab_size(self) -> int: ...
+    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]: ...
+    def encode_one(self, text: str) -> list[int]: ...
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]: ...
+    def decode(self, ids: Iterable[int]) -> str: ...
+    def surface_pieces(self) -> list[str | None]: ...
+
+
 class Tokenizer:
     """A SentencePiece model whose special ids match ``SPECIALS``."""
+
+    specials = SENTENCEPIECE_SPECIALS
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -60,8 +110,148 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode([int(i) for i in ids])
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of ``text`` and each token's ``(start, end)`` character span in ``text``, without
+        the leading whitespace SentencePiece folds into a piece (a bare "▁" gets an empty span)."""
+        from sentencepiece import sentencepiece_pb2
+
+        proto = sentencepiece_pb2.SentencePieceText()
+        proto.ParseFromString(self.sp.encode(text, out_type="serialized_proto"))
+        # SentencePiece reports UTF-8 byte offsets into the original text
+        char_at = [i for i, ch in enumerate(text) for _ in ch.encode("utf-8")] + [len(text)]
+        ids, offsets = [], []
+        for piece in proto.pieces:
+            start, end = char_at[piece.begin], char_at[piece.end]
+            ids.append(piece.id)
+            offsets.append((_skip_space(text, start, end), end))
+        return ids, offsets
+
     def pieces(self) -> list[str]:
         return [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
+
+    def surface_pieces(self) -> list[str | None]:
+        return self.pieces()
+
+
+def _skip_space(text: str, start: int, end: int) -> int:
+    surface = text[start:end]
+    return start + len(surface) - len(surface.lstrip())
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters (byte-level BPE vocabularies are
+    written in it: a space is "Ġ", "ä" is "Ã¤")."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = list(printable), 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, chars)}
+
+
+_BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+def byte_level_surface(piece: str) -> str | None:
+    """A byte-level BPE piece in SentencePiece spelling ("Ġthe" -> "▁the", "Ã¤" -> "ä"); None when the
+    piece is not a whole UTF-8 sequence (part of a multi-byte character) or not in the byte alphabet."""
+    try:
+        text = bytes(_BYTE_OF_CHAR[c] for c in piece).decode("utf-8")
+    except (KeyError, UnicodeDecodeError):
+        return None
+    return "".join(WORD_START if ch.isspace() else ch for ch in text)
+
+
+def wordpiece_surface(piece: str) -> str:
+    """A WordPiece piece in SentencePiece spelling ("##ing" -> "ing", "the" -> "▁the")."""
+    return piece[2:] if piece.startswith("##") else WORD_START + piece
+
+
+class HFTokenizer:
+    """A Hugging Face *fast* tokenizer (a model directory or a hub id) behind the ``Tokenizer`` interface.
+
+    ``sha256`` hashes the tokenizer's full serialisation (vocabulary, merges, normalisation, special
+    tokens), so the same tokenizer has the same identity wherever it was loaded from."""
+
+    def __init__(self, ref: str) -> None:
+        self.path = ref
+        # encoding runs on all cores; forked DataLoader workers never tokenize, so keep it on after a fork
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise TokenizerError("data.source_tokenizer needs Hugging Face transformers: "
+                                 "pip install 'minimodel[hf]'") from e
+        try:
+            self.hf = AutoTokenizer.from_pretrained(ref)
+        except Exception as e:  # OSError for a missing dir / unreachable hub, ValueError for a bad one
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if Path(ref).is_dir():
+                files = sorted(p.name for p in Path(ref).iterdir())[:12]
+                raise TokenizerError(f"cannot load a Hugging Face tokenizer from the directory {ref}: expected "
+                                     f"tokenizer.json (or vocab.json + merges.txt, or sentencepiece.bpe.model) "
+                                     f"with tokenizer_config.json; it holds {files} ({reason})") from e
+            raise TokenizerError(f"cannot load a Hugging Face tokenizer from {ref}: no such local directory, and "
+                                 f"as a hub id it failed ({reason})") from e
+        if not getattr(self.hf, "is_fast", False):
+            raise TokenizerError(f"{ref}: a fast tokenizer (tokenizer.json) is needed, got {type(self.hf).__name__}")
+        ids = {}
+        for role in ("bos", "pad", "eos", "unk", "mask"):
+            value = getattr(self.hf, f"{role}_token_id")
+            if value is None:
+                raise TokenizerError(f"{ref}: the tokenizer has no {role} token; a RoBERTa-style MLM tokenizer "
+                                     f"defines <s> <pad> </s> <unk> <mask>")
+            ids[role] = int(value)
+        others = tuple(int(i) for i in self.hf.all_special_ids if int(i) not in ids.values())
+        self.specials = SpecialTokens(**ids, others=others)
+        serialised = self.hf.backend_tokenizer.to_str()
+        self.sha256 = hashlib.sha256(serialised.encode("utf-8")).hexdigest()
+        decoder = (json.loads(serialised).get("decoder") or {}).get("type", "")
+        self.convention = {"ByteLevel": "byte-level", "WordPiece": "wordpiece"}.get(decoder, "sentencepiece")
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
+        return self.hf(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+    def encode_one(self, text: str) -> list[int]:
+        return self.hf(text, add_special_tokens=False)["input_ids"]
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = [(_skip_space(text, s, e), e) for s, e in enc["offset_mapping"]]
+        return list(enc["input_ids"]), offsets
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.hf.decode([int(i) for i in ids])
+
+    def pieces(self) -> list[str]:
+        return self.hf.convert_ids_to_tokens(list(range(self.vocab_size)))
+
+    def surface_pieces(self) -> list[str | None]:
+        """Pieces in SentencePiece spelling; special tokens keep their literal text."""
+        special = set(self.specials.ids) | {int(i) for i in self.hf.added_tokens_decoder}
+        out: list[str | None] = []
+        for i, piece in enumerate(self.pieces()):
+            if i in special or piece is None or self.convention == "sentencepiece":
+                out.append(piece)
+            elif self.convention == "byte-level":
+                out.append(byte_level_surface(piece))
+            else:
+                out.append(wordpiece_surface(piece))
+        return out
+
+
+def load_tokenizer(ref: str | Path) -> Tokenizer | HFTokenizer:
+    """A SentencePiece ``.model`` file, or a Hugging Face tokenizer directory / hub id."""
+    ref = str(ref)
+    if ref.endswith(".model") or Path(ref).is_file():
+        return Tokenizer(ref)
+    return HFTokenizer(ref)
 
 
 def _sample_lines(corpus: Path, max_sentences: int, seed: int) -> Iterator[str]:

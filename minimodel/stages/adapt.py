@@ -20,7 +20,7 @@ import torch
 
 from minimodel.config import ConfigError, ExperimentConfig, OptimConfig, save_config
 from minimodel.data.prepare import prepared_paths
-from minimodel.data.tokenizer import Tokenizer
+from minimodel.data.tokenizer import AnyTokenizer, Tokenizer
 from minimodel.flops import adapt_flops, v100_days
 from minimodel.model import PRIMARY, RobertaMLM
 from minimodel.stages import common
@@ -81,17 +81,18 @@ def primary_source(cfg: ExperimentConfig) -> str:
     return str(cfg.run_dir / "pretrain" / "checkpoints" / "last.ckpt")
 
 
-def init_target_embeddings(body: RobertaMLM, source_tok: Tokenizer, target_tok: Tokenizer,
+def init_target_embeddings(body: RobertaMLM, source_tok: AnyTokenizer, target_tok: AnyTokenizer,
                            seed: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Overlap initialisation (paper, footnote 1) of embeddings and output bias; returns the overlap count."""
+    """Overlap initialisation (paper, footnote 1) of embeddings and output bias; returns the overlap count.
+
+    Pieces are compared in SentencePiece spelling, so a byte-level BPE source vocabulary (RoBERTa's
+    "Ġthe") overlaps with a SentencePiece target ("▁the") as the same piece would."""
     gen = torch.Generator().manual_seed(seed)
-    src_pieces, trg_pieces = source_tok.pieces(), target_tok.pieces()
-    weight, copied = overlap_init(body.embeddings.tokens.weight, src_pieces, trg_pieces, body.cfg.init_std, gen)
+    src_pieces, trg_pieces = source_tok.surface_pieces(), target_tok.surface_pieces()
+    weight, rows = overlap_init(body.embeddings.tokens.weight, src_pieces, trg_pieces, body.cfg.init_std, gen)
+    copied = rows >= 0
     bias = torch.zeros(target_tok.vocab_size)
-    src_bias = body.heads[PRIMARY].bias.detach()
-    index = {p: i for i, p in enumerate(src_pieces)}
-    rows = [i for i, c in enumerate(copied.tolist()) if c]
-    bias[rows] = src_bias[[index[trg_pieces[i]] for i in rows]]
+    bias[copied] = body.heads[PRIMARY].bias.detach()[rows[copied]].to(bias.dtype)
     return weight, bias, int(copied.sum())
 
 
@@ -105,9 +106,9 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> Path:
     if common.is_done(run.run_dir):
         print(f"[minimodel] {run.run_dir} is complete; skipping", flush=True)
         return run.run_dir
-    source_tok = load_source_tokenizer(cfg)
-    target_tok = Tokenizer(prepared_paths(cfg, cfg.lang).tokenizer)
     body, body_source = adaptation_body(cfg)
+    source_tok = load_source_tokenizer(cfg, body, body_source)
+    target_tok = Tokenizer(prepared_paths(cfg, cfg.lang).tokenizer)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run.run_dir / "config.yaml")
     L.seed_everything(a.trainer.seed, workers=True, verbose=False)
@@ -132,7 +133,7 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> Path:
                           "vocab_size": target_tok.vocab_size},
             "overlapping_pieces": overlap}
     module = AdaptModule(body, a.optim, meta, flops, run.run_dir / "embeddings")
-    dm = mlm_datamodule(cfg, cfg.lang, a.optim, a.trainer.seed, target_tok.vocab_size)
+    dm = mlm_datamodule(cfg, cfg.lang, a.optim, a.trainer.seed, target_tok)
     callbacks = [common.ScheduledCheckpoints(run.ckpt_dir, a.trainer.ckpt_every, a.trainer.ckpt_steps,
                                              a.trainer.max_minutes, a.trainer.stop_at, keep_steps=False),
                  common.StageProgress(flops, a.optim.global_batch * cfg.data.seq_len, log_every=a.trainer.log_every)]

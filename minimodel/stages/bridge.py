@@ -9,7 +9,7 @@ from pathlib import Path
 
 import lightning as L
 
-from minimodel.config import ConfigError, ExperimentConfig, save_config
+from minimodel.config import ConfigError, ExperimentConfig, is_hf_source, save_config
 from minimodel.flops import bridge_flops
 from minimodel.model import RobertaMLM
 from minimodel.stages import common
@@ -39,7 +39,7 @@ def load_primary(source: str) -> RobertaMLM:
     if path.is_file():
         model, _ = common.load_model(path)
         return primary_only(model)
-    if path.is_dir() or not source.endswith(".ckpt"):
+    if is_hf_source(source):
         from minimodel.hf import from_hf
 
         return from_hf(source)
@@ -54,12 +54,9 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> Path:
     if common.is_done(run.run_dir):
         print(f"[minimodel] {run.run_dir} is complete; skipping", flush=True)
         return run.run_dir
-    tok = load_source_tokenizer(cfg)
     source = primary_checkpoint(cfg)
     primary = load_primary(source)
-    if primary.cfg.vocab_size != tok.vocab_size:
-        raise ConfigError(f"bridge source {source} has a vocabulary of {primary.cfg.vocab_size}, the source "
-                          f"tokenizer {tok.path} has {tok.vocab_size} pieces: they must be the same")
+    tok = load_source_tokenizer(cfg, primary, f"bridge.source={source}")
     run.run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run.run_dir / "config.yaml")
     L.seed_everything(b.trainer.seed, workers=True, verbose=False)
@@ -73,7 +70,7 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> Path:
             "primary": source, "depth": b.depth, "bridge_layers": b.layers, "trainable_parameters": n_train,
             "tokenizer": {"path": str(tok.path), "sha256": tok.sha256}}
     module = BridgeModule(mini, b.optim, meta, flops)
-    dm = mlm_datamodule(cfg, cfg.source_lang, b.optim, b.trainer.seed, tok.vocab_size)
+    dm = mlm_datamodule(cfg, cfg.source_lang, b.optim, b.trainer.seed, tok)
     callbacks = [common.ScheduledCheckpoints(run.ckpt_dir, b.trainer.ckpt_every, b.trainer.ckpt_steps,
                                              b.trainer.max_minutes, b.trainer.stop_at),
                  common.StageProgress(flops, b.optim.global_batch * cfg.data.seq_len, log_every=b.trainer.log_every)]

@@ -11,6 +11,7 @@ English dev/test scores."""
 from __future__ import annotations
 
 import math
+from functools import partial
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from minimodel.config import ConfigError, ExperimentConfig, OptimConfig, check_t
 from minimodel.data.downstream import TaskData, evaluate, task_head
 from minimodel.data.mlm import ResumableSampler
 from minimodel.data.tasks import pad_collate
+from minimodel.data.tokenizer import PAD
 from minimodel.model import RobertaMLM
 from minimodel.stages import common
 from minimodel.stages.adapt import primary_source
@@ -62,8 +64,9 @@ class TaskDataModule(L.LightningDataModule):
     """English training features (resumable, DDP-aware order) and dev features."""
 
     def __init__(self, train: list[dict[str, Any]], dev: list[dict[str, Any]], micro_batch: int, global_batch: int,
-                 eval_batch: int, seed: int) -> None:
+                 eval_batch: int, seed: int, pad_id: int = PAD) -> None:
         super().__init__()
+        self.collate = partial(pad_collate, pad_id=pad_id)
         self.train = [{k: f[k] for k in TRAIN_KEYS if k in f} for f in train]
         self.dev = [{k: f[k] for k in TRAIN_KEYS if k in f} for f in dev]
         self.micro_batch, self.global_batch, self.eval_batch, self.seed = micro_batch, global_batch, eval_batch, seed
@@ -76,12 +79,12 @@ class TaskDataModule(L.LightningDataModule):
         rank, world = self._rank_world()
         sampler = ResumableSampler(self.consumed, self.micro_batch, rank, world)
         return DataLoader(PositionShuffled(self.train, self.seed), batch_size=self.micro_batch, sampler=sampler,
-                          collate_fn=pad_collate, generator=torch.Generator().manual_seed(self.seed))
+                          collate_fn=self.collate, generator=torch.Generator().manual_seed(self.seed))
 
     def val_dataloader(self) -> DataLoader:
         rank, world = self._rank_world()
         return DataLoader(self.dev, batch_size=self.eval_batch, sampler=list(range(rank, len(self.dev), world)),
-                          collate_fn=pad_collate, generator=torch.Generator().manual_seed(self.seed))
+                          collate_fn=self.collate, generator=torch.Generator().manual_seed(self.seed))
 
     def state_dict(self) -> dict:
         consumed = self.trainer.global_step * self.global_batch if self.trainer is not None else self.consumed
@@ -170,7 +173,8 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
         return run_dir
     check_task_fits(cfg, task)
     data = TaskData(task, cfg.tasks[task])
-    tok = load_source_tokenizer(cfg)
+    body, source = finetune_body(cfg)
+    tok = load_source_tokenizer(cfg, body, source)
     train_records = data.records("train")
     if cfg.tasks[task].max_train_examples:
         train_records = train_records[: cfg.tasks[task].max_train_examples]
@@ -184,7 +188,6 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
     L.seed_everything(seed, workers=True, verbose=False)
-    body, source = finetune_body(cfg)
     n_train = freeze_all_but(body, finetune_trainable)
     head = task_head(data, body.cfg.hidden, body.cfg.dropout)
     meta = {"stage": "finetune", "system": cfg.system, "task": task, "seed": seed, "body": cfg.body,
@@ -194,7 +197,8 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
           f"{optim.updates} updates, {n_train + sum(p.numel() for p in head.parameters()):,} trainable parameters",
           flush=True)
     module = FinetuneModule(body, head, data.is_qa, len(data.labels), optim, meta)
-    dm = TaskDataModule(train, dev, optim.micro_batch, optim.global_batch, cfg.finetune.eval_batch, seed)
+    dm = TaskDataModule(train, dev, optim.micro_batch, optim.global_batch, cfg.finetune.eval_batch, seed,
+                        body.cfg.pad_id)
     callbacks = [common.ScheduledCheckpoints(run.ckpt_dir, t.ckpt_every, t.ckpt_steps, t.max_minutes, t.stop_at,
                                              keep_steps=False)]
     trainer = common.make_trainer(cfg, run, callbacks, common.world_size(t), progress_bar)

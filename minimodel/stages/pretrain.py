@@ -11,8 +11,8 @@ import lightning as L
 
 from minimodel.config import ExperimentConfig, OptimConfig, save_config
 from minimodel.data.mlm import MLMDataModule
-from minimodel.data.prepare import prepared_paths
-from minimodel.data.tokenizer import Tokenizer, TokenizerError
+from minimodel.data.prepare import load_prepared_tokenizer, prepared_paths
+from minimodel.data.tokenizer import AnyTokenizer, Tokenizer, TokenizerError
 from minimodel.flops import pretrain_flops
 from minimodel.model import RobertaMLM
 from minimodel.stages import common
@@ -22,18 +22,32 @@ class PretrainModule(common.MLMModule):
     """Step 1: every parameter trains on the mean MLM loss of the model's heads."""
 
 
-def load_source_tokenizer(cfg: ExperimentConfig) -> Tokenizer:
-    tok = Tokenizer(prepared_paths(cfg, cfg.source_lang).tokenizer)
-    if tok.vocab_size != cfg.model.vocab_size:
-        raise TokenizerError(f"tokenizer {tok.path} has {tok.vocab_size} pieces but model.vocab_size is "
-                             f"{cfg.model.vocab_size}")
+def load_source_tokenizer(cfg: ExperimentConfig, model: RobertaMLM | None = None,
+                          model_name: str = "") -> AnyTokenizer:
+    """The source language's tokenizer (SentencePiece from `prepare`, or ``cfg.source_tokenizer``),
+    checked against ``model`` (vocabulary size and padding id) or, without one, against ``model:``."""
+    tok = load_prepared_tokenizer(cfg, cfg.source_lang)
+    if model is None:
+        vocab, pad = cfg.model.vocab_size, cfg.model.pad_id
+        has_vocab, pads = f"model.vocab_size is {vocab}", f"model.pad_id is {pad}"
+    else:
+        vocab, pad = model.cfg.vocab_size, model.cfg.pad_id
+        has_vocab = f"the model {model_name} has a vocabulary of {vocab}"
+        pads = f"the model {model_name} pads with id {pad}"
+    if tok.vocab_size != vocab:
+        hint = ("; a public model needs its own tokenizer: set data.source_tokenizer to its directory or hub id"
+                if isinstance(tok, Tokenizer) and model is not None else "")
+        raise TokenizerError(f"tokenizer {tok.path} has {tok.vocab_size} pieces but {has_vocab}{hint}")
+    if tok.specials.pad != pad:
+        raise TokenizerError(f"tokenizer {tok.path} pads with id {tok.specials.pad} but {pads}")
     return tok
 
 
-def mlm_datamodule(cfg: ExperimentConfig, lang: str, optim: OptimConfig, seed: int, vocab_size: int) -> MLMDataModule:
+def mlm_datamodule(cfg: ExperimentConfig, lang: str, optim: OptimConfig, seed: int, tok: AnyTokenizer) -> MLMDataModule:
     d = cfg.data
-    return MLMDataModule(prepared_paths(cfg, lang).shards, d.seq_len, d.mask_prob, vocab_size,
-                         optim.micro_batch, optim.global_batch, d.val_blocks, d.num_workers, seed)
+    return MLMDataModule(prepared_paths(cfg, lang).shards, d.seq_len, d.mask_prob, tok.vocab_size,
+                         optim.micro_batch, optim.global_batch, d.val_blocks, d.num_workers, seed,
+                         specials=tok.specials, tokenizer_sha256=tok.sha256)
 
 
 def run_pretrain(cfg: ExperimentConfig, progress_bar: bool = True) -> Path:
@@ -56,7 +70,7 @@ def run_pretrain(cfg: ExperimentConfig, progress_bar: bool = True) -> Path:
     meta = {"stage": "pretrain", "system": cfg.system, "lang": cfg.source_lang,
             "model_config": asdict(cfg.model), "tokenizer": {"path": str(tok.path), "sha256": tok.sha256}}
     module = PretrainModule(model, o, meta, flops)
-    dm = mlm_datamodule(cfg, cfg.source_lang, o, run.trainer_cfg.seed, tok.vocab_size)
+    dm = mlm_datamodule(cfg, cfg.source_lang, o, run.trainer_cfg.seed, tok)
     progress = common.StageProgress(flops, o.global_batch * cfg.data.seq_len, log_every=run.trainer_cfg.log_every)
     ckpts = common.ScheduledCheckpoints(run.ckpt_dir, run.trainer_cfg.ckpt_every, run.trainer_cfg.ckpt_steps,
                                         run.trainer_cfg.max_minutes, run.trainer_cfg.stop_at)

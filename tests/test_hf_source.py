@@ -1,0 +1,242 @@
+"""MiniPost from a Hugging Face checkpoint: the source language is encoded with the public model's own
+tokenizer (byte-level BPE with <mask> as its last id, like roberta-base), masking uses that
+tokenizer's special ids, and overlap initialisation matches its pieces with the SentencePiece
+pieces of the target language across the two spelling conventions ("Ġthe" vs "▁the")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from minimodel.cli import main  # noqa: E402
+from minimodel.data.mlm import Masker  # noqa: E402
+from minimodel.data.prepare import prepared_paths  # noqa: E402
+from minimodel.data.shards import TokenStream  # noqa: E402
+from minimodel.data.tokenizer import (  # noqa: E402
+    SENTENCEPIECE_SPECIALS, HFTokenizer, SpecialTokens, Tokenizer, TokenizerError, byte_level_surface,
+    load_tokenizer, wordpiece_surface)
+from minimodel.hf import from_hf, to_hf  # noqa: E402
+from minimodel.model import IGNORE_INDEX, PRIMARY, ModelConfig, RobertaMLM  # noqa: E402
+from minimodel.results import ResultsTable  # noqa: E402
+from minimodel.stages.common import load_checkpoint, load_model  # noqa: E402
+from tests.conftest import ROOT, real_text  # noqa: E402
+
+BPE_VOCAB = 800  # + <mask> = 801 ids
+
+
+def build_hf_tokenizer(out: Path, kind: str = "bpe", vocab: int = BPE_VOCAB) -> Path:
+    """A RoBERTa-style tokenizer trained on real English text and saved as a Hugging Face directory:
+    byte-level BPE (roberta-base) or SentencePiece unigram (xlm-roberta-base), <mask> last."""
+    from tokenizers import ByteLevelBPETokenizer, SentencePieceUnigramTokenizer
+    from transformers import RobertaTokenizerFast, XLMRobertaTokenizerFast
+
+    lines = real_text("en", 400_000).splitlines()
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    if kind == "bpe":
+        backend = ByteLevelBPETokenizer()
+        backend.train_from_iterator(lines, vocab_size=vocab, min_frequency=2, special_tokens=specials,
+                                    show_progress=False)
+        cls = RobertaTokenizerFast
+    else:
+        backend = SentencePieceUnigramTokenizer()
+        backend.train_from_iterator(lines, vocab_size=vocab, special_tokens=specials, unk_token="<unk>",
+                                    show_progress=False)
+        cls = XLMRobertaTokenizerFast
+    tok = cls(tokenizer_object=backend._tokenizer, bos_token="<s>", eos_token="</s>", sep_token="</s>",
+              cls_token="<s>", unk_token="<unk>", pad_token="<pad>", mask_token="<mask>")
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random RoBERTa MLM with its own byte-level BPE tokenizer, as a public model directory."""
+    out = build_hf_tokenizer(tmp_path_factory.mktemp("hf") / "tiny-roberta")
+    vocab = len(HFTokenizer(str(out)).pieces())
+    torch.manual_seed(0)
+    model = RobertaMLM(ModelConfig(vocab_size=vocab, hidden=64, layers=2, heads=2, ffn=128, max_positions=66))
+    to_hf(model, out)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ tokenizers
+
+
+def test_byte_level_and_wordpiece_pieces_in_sentencepiece_spelling():
+    assert byte_level_surface("Ġthe") == "\u2581the"
+    assert byte_level_surface("the") == "the"
+    assert byte_level_surface("ĠmÃ¼de") == "\u2581müde"  # "ü" is two bytes, written "Ã¼"
+    assert byte_level_surface("Ã") is None  # the first byte of a two-byte character
+    assert byte_level_surface("ĠĠ") == "\u2581\u2581"
+    assert byte_level_surface("é") is None  # not in the byte alphabet ("é" is "Ã©")
+    assert wordpiece_surface("##ing") == "ing" and wordpiece_surface("walk") == "\u2581walk"
+
+
+def test_hf_tokenizer_interface(hf_dir):
+    tok = load_tokenizer(str(hf_dir))
+    assert isinstance(tok, HFTokenizer) and tok.convention == "byte-level"
+    assert tok.vocab_size == BPE_VOCAB + 1
+    assert tok.specials == SpecialTokens(bos=0, pad=1, eos=2, unk=3, mask=BPE_VOCAB)
+    assert tok.specials.ids == (0, 1, 2, 3, BPE_VOCAB)
+    assert HFTokenizer(str(hf_dir)).sha256 == tok.sha256  # same content, same identity
+    text = "The quick brown fox jumps over  the lazy dog."
+    ids = tok.encode_one(text)
+    assert tok.encode([text, "the"]) == [ids, tok.encode_one("the")]
+    assert tok.decode(ids) == text and not set(ids) & set(tok.specials.ids)
+    ids2, offsets = tok.encode_with_offsets(text)
+    assert ids2 == ids
+    pieces = tok.pieces()
+    for i, (start, end) in zip(ids, offsets):  # each span is the piece's text without its leading space
+        assert text[start:end] == byte_level_surface(pieces[i]).lstrip("\u2581")
+    surface = tok.surface_pieces()
+    assert surface[:4] == ["<s>", "<pad>", "</s>", "<unk>"] and surface[BPE_VOCAB] == "<mask>"
+    the = pieces.index("Ġthe")
+    assert surface[the] == "\u2581the"
+
+
+def test_sentencepiece_style_hf_tokenizer_keeps_its_pieces(tmp_path):
+    tok = HFTokenizer(str(build_hf_tokenizer(tmp_path / "xlmr", kind="unigram", vocab=600)))
+    assert tok.convention == "sentencepiece" and tok.specials.mask == tok.vocab_size - 1
+    assert tok.surface_pieces() == tok.pieces() and "\u2581the" in tok.pieces()
+    text = "Hello world, the fox"
+    ids, offsets = tok.encode_with_offsets(text)
+    assert ids == tok.encode_one(text) and tok.decode(ids) == text
+    assert all(0 <= s <= e <= len(text) and not text[s:e].startswith(" ") for s, e in offsets)
+
+
+def test_unusable_hf_tokenizers_fail_clearly(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TokenizerError, match=r"from the directory .*empty: expected tokenizer.json"):
+        HFTokenizer(str(tmp_path / "empty"))
+
+
+# --------------------------------------------------------------------------------------------- masking
+
+
+def test_masking_with_the_mask_id_last():
+    V = 801
+    specials = SpecialTokens(bos=0, pad=1, eos=2, unk=3, mask=V - 1)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(4, V - 1, size=200_000)
+    tokens[::50] = 2
+    tokens[0] = 0
+    inputs, labels = Masker(V, 0.15, specials)(tokens, np.random.default_rng(1))
+    chosen = labels != IGNORE_INDEX
+    assert np.isin(tokens[chosen], specials.ids).sum() == 0  # specials never masked
+    assert abs(chosen.sum() / (~np.isin(tokens, specials.ids)).sum() - 0.15) < 0.005
+    assert abs((inputs[chosen] == V - 1).mean() - 0.8) < 0.01  # <mask> is id 800 here, not 4
+    replaced = chosen & (inputs != tokens) & (inputs != V - 1)
+    assert abs(replaced.sum() / chosen.sum() - 0.1) < 0.01
+    assert not np.isin(inputs[replaced], specials.ids).any()  # random replacements are never specials
+    assert (inputs[replaced] == 4).any()  # id 4 is an ordinary piece for this tokenizer
+    assert (inputs[~chosen] == tokens[~chosen]).all()
+
+
+def test_sentencepiece_masking_is_unchanged_by_the_general_path():
+    """The fast path (specials = 0..4) and the lookup path draw the same masks."""
+    V = 1000
+    tokens = np.random.default_rng(0).integers(5, V, size=5000)
+    fast = Masker(V, 0.15, SENTENCEPIECE_SPECIALS)
+    general = Masker(V, 0.15, SENTENCEPIECE_SPECIALS)
+    general.leading, general.regular = 0, np.arange(5, V)
+    a, b = fast(tokens, np.random.default_rng(3)), general(tokens, np.random.default_rng(3))
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+# ------------------------------------------------------------------------------------- end to end
+
+
+def overrides(tmp: Path, corpus: Path, hf_dir: Path) -> list[str]:
+    stage = ["optim.global_batch=8", "optim.micro_batch=4", "optim.warmup_updates=1", "trainer.val_every=4",
+             "trainer.log_every=2"]
+    return [f"runs_dir={tmp / 'runs'}", f"data.corpus_dir={corpus}", f"data.prepared_dir={tmp / 'prepared'}",
+            "sweep=[]", "system=minipost", f"bridge.source={hf_dir}", "bridge.depth=1", "bridge.layers=1",
+            "target_langs=[de]", "data.vocab_size=1000", "data.seq_len=64", "data.val_blocks=8",
+            "data.num_workers=0", "model.max_positions=66", "logging.wandb=disabled",
+            *[f"{s}.{o}" for s in ("bridge", "adapt") for o in stage],
+            "bridge.optim.updates=6", "adapt.optim.updates=6", "adapt.trainer.ckpt_every=3",
+            "adapt.trainer.ckpt_steps=[1]", "tasks.lohelp.max_train_examples=64", "tasks.lohelp.max_len=48",
+            "finetune.epochs=1", "finetune.batch_size=16", "finetune.micro_batch=16", "finetune.mini_tasks=[]"]
+
+
+@pytest.mark.slow
+def test_minipost_from_a_hugging_face_model_through_steps_1b_to_4(tmp_path, corpus_dir, hf_dir):
+    args = overrides(tmp_path, corpus_dir, hf_dir)
+    experiment = str(ROOT / "experiments" / "demo.yaml")
+    assert main(["run", experiment, *args, "--no-progress"]) == 0
+    from minimodel.config import load_config
+
+    cfg = load_config(experiment, args)
+    hf_tok = HFTokenizer(str(hf_dir))
+    assert cfg.source_tokenizer == str(hf_dir)  # MiniPost from a HF model uses that model's tokenizer
+
+    # prepare: English encoded with the model's own tokenizer (no SentencePiece model for English)
+    en = prepared_paths(cfg, "en")
+    assert en.hf and en.tokenizer == str(hf_dir) and not (tmp_path / "prepared" / "en" / "spm.model").exists()
+    stream = TokenStream.open(en.shards)
+    assert stream.vocab_size == hf_tok.vocab_size and stream.tokenizer_sha256 == hf_tok.sha256
+    first_line = real_text("en", 400_000).splitlines()[0]
+    expected = hf_tok.encode_one(first_line)
+    assert stream.slice(0, len(expected) + 1).tolist() == [*expected, hf_tok.specials.eos]
+
+    # the bridge trained with that tokenizer's <mask> (id 800), and only its new layer changed
+    from minimodel.stages.pretrain import mlm_datamodule
+
+    dm = mlm_datamodule(cfg, "en", cfg.bridge.optim, 1, hf_tok)
+    dm.setup()
+    batch = dm.train_set[0]
+    masked = batch["labels"] != IGNORE_INDEX
+    assert batch["input_ids"][0] == 0 and (batch["input_ids"][masked] == BPE_VOCAB).any()
+    primary = from_hf(hf_dir)
+    mini, meta = load_model(tmp_path / "runs" / "demo" / "minipost" / "bridge" / "checkpoints" / "last.ckpt")
+    assert meta["tokenizer"]["sha256"] == hf_tok.sha256 and mini.cfg.layers == 2
+    for name, value in mini.state_dict().items():
+        if not name.startswith("layers.1."):
+            assert torch.equal(value, primary.state_dict()[name]), f"{name} changed during the bridge"
+    assert not torch.equal(mini.layers[1].qkv.weight, primary.layers[1].qkv.weight)
+
+    # adapt: overlap across conventions ("Ġ..." BPE pieces vs "▁..." SentencePiece pieces)
+    adapt_dir = tmp_path / "runs" / "demo" / "minipost" / "adapt" / "de"
+    info = json.loads((adapt_dir / "adapt_info.json").read_text())
+    de_tok = Tokenizer(prepared_paths(cfg, "de").tokenizer)
+    source_surface = hf_tok.surface_pieces()
+    shared = [p for p in de_tok.pieces() if p in set(source_surface)]
+    assert info["overlapping_pieces"] == len(shared) > 100
+    step0 = load_checkpoint(sorted((adapt_dir / "embeddings").glob("step*.pt"))[0])
+    assert step0["step"] == 0
+    word_pieces = [p for p in shared if p.startswith("\u2581") and len(p) > 2]
+    assert word_pieces, "no whole-word piece shared between the English BPE and the German SentencePiece"
+    for piece in word_pieces[:20]:
+        src = source_surface.index(piece)
+        assert hf_tok.pieces()[src].startswith("Ġ")
+        trg = de_tok.pieces().index(piece)
+        assert torch.equal(step0["embeddings"][trg], primary.embeddings.tokens.weight[src].detach())
+        assert step0["bias"][trg] == primary.heads[PRIMARY].bias[src]
+
+    # finetune (with the model's tokenizer) and evaluate (German embeddings plugged into the HF model)
+    ft = load_checkpoint(tmp_path / "runs" / "demo" / "minipost" / "finetune" / "lohelp" / "seed1" / "model.pt")
+    assert ft["tokenizer"]["sha256"] == hf_tok.sha256 and ft["model_config"]["vocab_size"] == BPE_VOCAB + 1
+    assert torch.equal(ft["body_state"]["embeddings.tokens.weight"], primary.embeddings.tokens.weight)
+    rows = ResultsTable(tmp_path / "runs" / "demo" / "minipost" / "results.jsonl").rows()
+    assert {r["step"] for r in rows if r["lang"] == "de"} == {0, 1, 3, 6}
+    assert {(r["lang"], r["split"]) for r in rows if r["lang"] == "en"} == {("en", "dev"), ("en", "test")}
+
+
+def test_a_tokenizer_that_does_not_fit_the_hf_model_is_refused(tmp_path, corpus_dir, hf_dir):
+    other = build_hf_tokenizer(tmp_path / "other", vocab=500)
+    args = [*overrides(tmp_path, corpus_dir, hf_dir), f"data.source_tokenizer={other}"]
+    experiment = str(ROOT / "experiments" / "demo.yaml")
+    assert main(["prepare", experiment, *args, "--langs=en", "--no-progress"]) == 0
+    from minimodel.config import load_config
+    from minimodel.stages.bridge import run_bridge
+
+    with pytest.raises(TokenizerError, match=r"has 501 pieces but the model bridge.source=.*tiny-roberta has a "
+                                             r"vocabulary of 801"):
+        run_bridge(load_config(experiment, args), progress_bar=False)
+    assert not (tmp_path / "runs" / "demo" / "minipost" / "bridge").exists()  # nothing written
