@@ -327,7 +327,8 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
         fail(f"bridge.depth must be in 1..{cfg.model.layers - 1}, got {cfg.bridge.depth}")
     if cfg.model.max_positions < cfg.data.seq_len + 2:
         fail(f"model.max_positions ({cfg.model.max_positions}) must be at least data.seq_len + 2 ({cfg.data.seq_len + 2})")
-    if cfg.model.vocab_size != cfg.data.vocab_size:
+    if cfg.model.vocab_size != cfg.data.vocab_size and not cfg.source_tokenizer:
+        # (with a Hugging Face source tokenizer the model's vocabulary is that tokenizer's, checked when loaded)
         fail(f"model.vocab_size ({cfg.model.vocab_size}) must equal data.vocab_size ({cfg.data.vocab_size})")
     if not 0.0 < cfg.data.mask_prob < 1.0:
         fail(f"data.mask_prob must be in (0, 1), got {cfg.data.mask_prob}")

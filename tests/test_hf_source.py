@@ -252,3 +252,27 @@ def test_a_tokenizer_that_does_not_fit_the_hf_model_is_refused(tmp_path, corpus_
                                              r"vocabulary of 801"):
         run_bridge(load_config(experiment, args), progress_bar=False)
     assert not (tmp_path / "runs" / "demo" / "minipost" / "bridge").exists()  # nothing written
+
+
+def test_pretraining_with_a_hugging_face_tokenizer(tmp_path, corpus_dir, hf_dir):
+    """data.source_tokenizer also serves step 1 (e.g. BL_BASE with RoBERTa's own byte-level BPE)."""
+    from minimodel.config import load_config
+    from minimodel.data.prepare import prepare_language
+    from minimodel.stages.pretrain import run_pretrain
+
+    stage = ["optim.updates=4", "optim.global_batch=8", "optim.micro_batch=4", "optim.warmup_updates=1",
+             "trainer.val_every=4", "trainer.log_every=2", "trainer.ckpt_every=4"]
+    cfg = load_config(ROOT / "experiments" / "tiny.yaml", [
+        f"runs_dir={tmp_path / 'runs'}", f"data.corpus_dir={corpus_dir}", f"data.prepared_dir={tmp_path / 'p'}",
+        f"data.source_tokenizer={hf_dir}", f"model.vocab_size={BPE_VOCAB + 1}", "data.vocab_size=1000",
+        "data.seq_len=64", "data.val_blocks=8", "data.num_workers=0", "model.max_positions=66",
+        *[f"pretrain.{s}" for s in stage]])
+    prepare_language(cfg, "en", progress=False)
+    run_dir = run_pretrain(cfg, progress_bar=False)
+    model, meta = load_model(run_dir / "checkpoints" / "last.ckpt")
+    assert model.cfg.vocab_size == BPE_VOCAB + 1 and meta["tokenizer"]["sha256"] == HFTokenizer(str(hf_dir)).sha256
+    assert json.loads((run_dir / "done.json").read_text())["step"] == 4
+    with pytest.raises(TokenizerError, match=r"has 801 pieces but model.vocab_size is 1000"):
+        run_pretrain(load_config(ROOT / "experiments" / "tiny.yaml", [
+            f"runs_dir={tmp_path / 'runs2'}", f"data.prepared_dir={tmp_path / 'p'}",
+            f"data.source_tokenizer={hf_dir}", "model.vocab_size=1000", "data.vocab_size=1000"]), progress_bar=False)

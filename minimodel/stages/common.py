@@ -260,10 +260,10 @@ class ScheduledCheckpoints(Callback):
         if export is not None and trainer.is_global_zero:
             export(step)
         if not self.keep_steps:
-            trainer.save_checkpoint(self.dirpath / "last.ckpt")
+            trainer.save_checkpoint(self.dirpath / "last.ckpt", weights_only=False)  # full state: resumable
             return
         path = self.dirpath / f"step{step:07d}.ckpt"
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)
         if trainer.is_global_zero:
             link_or_copy(path, self.dirpath / "last.ckpt")
         trainer.strategy.barrier()

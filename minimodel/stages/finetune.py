@@ -173,6 +173,7 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
         return run_dir
     check_task_fits(cfg, task)
     data = TaskData(task, cfg.tasks[task])
+    L.seed_everything(seed, workers=True, verbose=False)  # before the body: building it draws (the head's init)
     body, source = finetune_body(cfg)
     tok = load_source_tokenizer(cfg, body, source)
     train_records = data.records("train")
@@ -187,7 +188,6 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
                           t, optim)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
-    L.seed_everything(seed, workers=True, verbose=False)
     n_train = freeze_all_but(body, finetune_trainable)
     head = task_head(data, body.cfg.hidden, body.cfg.dropout)
     meta = {"stage": "finetune", "system": cfg.system, "task": task, "seed": seed, "body": cfg.body,
