@@ -426,7 +426,11 @@ class MetricsCSV(CSVLogger):
 
 
 def truncate_metrics(run_dir: Path, step: int) -> None:
-    """Drop rows logged at or after ``step`` (they belong to updates after the checkpoint we resume from)."""
+    """Drop rows logged at or after ``step`` (they belong to updates after the checkpoint we resume from).
+
+    Known gap: Lightning writes the row of the update that completes checkpoint ``step`` right after the
+    callbacks that saved it; a process killed in that window (about a millisecond) loses that one row,
+    since the resumed run starts after the update. Weights, optimiser, data position and RNG are exact."""
     path = run_dir / "metrics.csv"
     if not path.is_file():
         return
