@@ -211,15 +211,16 @@ def find_conf_dir(config_file: Path) -> Path:
     raise ConfigError(f"{config_file}: cannot find the conf/ directory (looked in {[str(c) for c in candidates]})")
 
 
-def _load_yaml(path: Path) -> DictConfig:
+def load_yaml_mapping(path: Path, what: str = "config file", error: type[ConfigError] = ConfigError) -> DictConfig:
+    """A YAML file holding a mapping; ``error`` (naming the file) when it is missing, invalid or not a mapping."""
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        raise error(f"{what} not found: {path}")
     try:
         cfg = OmegaConf.load(path)
     except Exception as e:  # yaml errors
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        raise error(f"{path}: not valid YAML: {e}") from e
     if not isinstance(cfg, DictConfig):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+        raise error(f"{path}: expected a mapping at the top level")
     return cfg
 
 
@@ -230,7 +231,7 @@ def _compose(path: Path, conf_dir: Path, seen: tuple[Path, ...] = ()) -> list[tu
     file's own level (``conf/model/roberta-small.yaml`` can start from ``- model: roberta-base``)."""
     if path in seen:
         raise ConfigError(f"{path}: defaults loop through {[str(s) for s in seen]}")
-    cfg = _load_yaml(path)
+    cfg = load_yaml_mapping(path)
     parts: list[tuple[str, DictConfig]] = []
     defaults = cfg.pop("defaults", [])
     if not isinstance(defaults, (ListConfig, list)):

@@ -46,7 +46,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from minimodel.config import ConfigError, find_conf_dir, load_config
+from minimodel.config import ConfigError, find_conf_dir, load_config, load_yaml_mapping
 from minimodel.pipeline import Step, plan
 
 REQUEUE_EXIT = 3  # `minimodel` exit code: stopped on a signal after writing a checkpoint (stages/common.py)
@@ -128,14 +128,7 @@ def launcher_path(launcher: str | Path, config: str | Path) -> Path:
 def load_launcher(path: str | Path) -> LauncherConfig:
     """Read a launcher YAML into a validated ``LauncherConfig``; unknown keys and bad values name file and key."""
     path = Path(path)
-    if not path.is_file():
-        raise LauncherConfigError(f"launcher file not found: {path}")
-    try:
-        raw = OmegaConf.load(path)
-    except Exception as e:  # yaml syntax
-        raise LauncherConfigError(f"{path}: not valid YAML: {e}") from e
-    if not isinstance(raw, DictConfig):
-        raise LauncherConfigError(f"{path}: expected a mapping at the top level")
+    raw = load_yaml_mapping(path, "launcher file", LauncherConfigError)
     base = OmegaConf.structured(LauncherConfig)
     try:
         merged = OmegaConf.merge(base, raw)

@@ -1,5 +1,3 @@
-from pathlib import Path
-
 import pytest
 
 from minimodel.config import ConfigError, load_config, save_config
@@ -59,32 +57,26 @@ def test_unknown_key_in_override_names_it():
         load_config(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.lrr=1"])
 
 
-def test_unknown_key_in_file_names_the_file(tmp_path):
-    exp = tmp_path / "experiments" / "bad.yaml"
+def experiment_outside_repo(tmp_path, monkeypatch, name: str, text: str):
+    """An experiment file in a temporary folder, composed from the repository's conf/ (MINIMODEL_CONF)."""
+    exp = tmp_path / "experiments" / name
     exp.parent.mkdir()
-    exp.write_text("defaults:\n  - model: tiny\nname: x\nsystem: bl_base\nmodel:\n  hiden: 3\n")
-    import os
-
-    os.environ["MINIMODEL_CONF"] = str(ROOT / "conf")
-    try:
-        with pytest.raises(ConfigError, match=r"bad.yaml: unknown config key 'model.hiden'"):
-            load_config(exp)
-    finally:
-        del os.environ["MINIMODEL_CONF"]
+    exp.write_text(text)
+    monkeypatch.setenv("MINIMODEL_CONF", str(ROOT / "conf"))
+    return exp
 
 
-def test_missing_required_value(tmp_path):
-    exp = tmp_path / "experiments" / "noname.yaml"
-    exp.parent.mkdir()
-    exp.write_text("system: bl_base\n")
-    import os
+def test_unknown_key_in_file_names_the_file(tmp_path, monkeypatch):
+    exp = experiment_outside_repo(tmp_path, monkeypatch, "bad.yaml",
+                                  "defaults:\n  - model: tiny\nname: x\nsystem: bl_base\nmodel:\n  hiden: 3\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: unknown config key 'model.hiden'"):
+        load_config(exp)
 
-    os.environ["MINIMODEL_CONF"] = str(ROOT / "conf")
-    try:
-        with pytest.raises(ConfigError, match=r"noname.yaml: missing required value\(s\) name"):
-            load_config(exp)
-    finally:
-        del os.environ["MINIMODEL_CONF"]
+
+def test_missing_required_value(tmp_path, monkeypatch):
+    exp = experiment_outside_repo(tmp_path, monkeypatch, "noname.yaml", "system: bl_base\n")
+    with pytest.raises(ConfigError, match=r"noname.yaml: missing required value\(s\) name"):
+        load_config(exp)
 
 
 def test_bad_values_are_rejected():

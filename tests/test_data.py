@@ -10,9 +10,9 @@ from minimodel.data.corpus import CorpusError, find_corpus, iter_documents
 from minimodel.data.mlm import N_SPECIAL, MLMDataModule, ResumableSampler, mask_tokens
 from minimodel.data.prepare import prepared_paths
 from minimodel.data.shards import ShardError, TokenStream, encode_corpus, read_manifest
-from minimodel.data.tokenizer import BOS, EOS, MASK, PAD, Tokenizer, TokenizerError, train_tokenizer
+from minimodel.data.tokenizer import BOS, EOS, MASK, Tokenizer, TokenizerError, train_tokenizer
 from minimodel.model import IGNORE_INDEX
-from tests.conftest import real_text, tiny_config
+from tests.conftest import tiny_config
 
 
 def test_tokenizer_special_ids_and_round_trip_on_real_text(prepared, corpus_dir):

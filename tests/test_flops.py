@@ -1,5 +1,3 @@
-import math
-
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -19,8 +19,8 @@ import lightning as L
 import torch
 
 from minimodel.config import ConfigError, ExperimentConfig, OptimConfig, save_config
-from minimodel.data.prepare import prepared_paths
-from minimodel.data.tokenizer import AnyTokenizer, Tokenizer
+from minimodel.data.prepare import load_prepared_tokenizer
+from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.flops import adapt_flops, v100_days
 from minimodel.model import PRIMARY, RobertaMLM
 from minimodel.stages import common
@@ -108,7 +108,7 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> Path:
         return run.run_dir
     body, body_source = adaptation_body(cfg)
     source_tok = load_source_tokenizer(cfg, body, body_source)
-    target_tok = Tokenizer(prepared_paths(cfg, cfg.lang).tokenizer)
+    target_tok = load_prepared_tokenizer(cfg, cfg.lang)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run.run_dir / "config.yaml")
     L.seed_everything(a.trainer.seed, workers=True, verbose=False)

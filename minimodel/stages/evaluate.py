@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from minimodel.config import ConfigError, ExperimentConfig
+from minimodel.config import ExperimentConfig
 from minimodel.data.downstream import TaskData, evaluate
-from minimodel.data.prepare import prepared_paths
-from minimodel.data.tokenizer import Tokenizer
+from minimodel.data.prepare import load_prepared_tokenizer
+from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.results import KEY, ResultsTable
 from minimodel.stages import common
 from minimodel.stages.adapt import adaptation_checkpoints, load_adaptation
@@ -57,7 +57,7 @@ def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
     tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
     seeds = [cfg.seed] if cfg.seed else list(cfg.finetune.seeds)
     device = device_for(cfg)
-    cache: dict[tuple[str, str], tuple[Tokenizer, list, list]] = {}
+    cache: dict[tuple[str, str], tuple[AnyTokenizer, list, list]] = {}
     plan = []  # (task, seed, lang, checkpoint)
     datas = {task: TaskData(task, cfg.tasks[task]) for task in tasks}  # reads each task's label set once
     for task in tasks:
@@ -90,7 +90,7 @@ def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
             body.to(device), head.to(device)
             loaded = (task, seed)
         if (task, lang) not in cache:
-            tok = Tokenizer(prepared_paths(cfg, lang).tokenizer)
+            tok = load_prepared_tokenizer(cfg, lang)
             records = data.records("test", lang)
             cache[(task, lang)] = (tok, records, data.features(records, tok))
         tok, records, features = cache[(task, lang)]
