@@ -15,6 +15,7 @@ from dataclasses import asdict
 from typing import Any
 
 import common
+
 from minimodel.flops import adapt_flops
 
 TARGET = 0.9  # measured speedup >= 0.9 x analytic

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import common
+
 from minimodel.data.corpus import iter_documents
 from minimodel.data.mlm import MLMDataModule
 from minimodel.data.shards import encode_corpus

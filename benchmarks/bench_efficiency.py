@@ -17,6 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 import common
+
 from minimodel.flops import adapt_flops, pretrain_flops
 
 TARGET = {"cpu": 0.60, "cuda": 0.50}  # CPU: mid-size width; GPU: roberta-base on an H100, bf16

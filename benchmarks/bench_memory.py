@@ -22,12 +22,14 @@ import resource
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import common
 import torch
+
 from minimodel.model import RobertaMLM
 
 MB = 2**20

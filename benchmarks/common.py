@@ -16,9 +16,10 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python benchmarks/x.py` from anywhere
@@ -58,7 +59,7 @@ class Sizes:
         return ModelConfig(vocab_size=self.vocab, hidden=self.hidden, layers=layers, heads=self.heads,
                            ffn=self.ffn, max_positions=self.seq_len + 2, mini_heads=list(mini_heads))
 
-    def with_width(self, hidden: int) -> "Sizes":
+    def with_width(self, hidden: int) -> Sizes:
         """Same sequence, batch and vocabulary at another width (heads of 64, ffn = 4 h)."""
         return replace(self, hidden=hidden, heads=max(1, hidden // 64), ffn=4 * hidden)
 

@@ -6,39 +6,43 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean as mean
-from typing import Iterable, Mapping, Sequence
 
+from minimodel import systems
 from minimodel.config import ExperimentConfig
 from minimodel.flops import adapt_flops, bridge_flops, pretrain_flops, v100_days
+from minimodel.layout import Layout
 from minimodel.results import ResultsTable
 
 
 def cost_rows(cfg: ExperimentConfig) -> list[dict]:
-    """One row per training step of the experiment: what trains, over how many layers, and its cost."""
-    m, d = cfg.model, cfg.data
+    """One row per training step of the experiment's system: what trains, over how many layers, and its cost
+    (A1 pretraining, A4 bridge, A3 adaptation over the step-2 body; ``systems.FORMULAS``)."""
+    system, m, d = systems.of(cfg), cfg.model, cfg.data
     common = dict(hidden=m.hidden, seq_len=d.seq_len, vocab=m.vocab_size, mask_prob=d.mask_prob)
     p = cfg.pretrain.optim
     extra = len(m.mini_heads)
-    rows = [{"step": "1 pretrain" + (" (BL_BASE, shared)" if cfg.system == "minipost" else ""), "formula": "A1" + (f" + {extra} head" if extra else ""), "layers": m.layers,
-             "updates": p.updates, "batch": p.global_batch,
+    shared = f" ({systems.get(system.primary_from).title}, shared)" if system.primary_from else ""
+    rows = [{"step": "1 pretrain" + shared, "formula": systems.FORMULAS["pretrain"] + (f" + {extra} head" if extra else ""),
+             "layers": m.layers, "updates": p.updates, "batch": p.global_batch,
              "flops": pretrain_flops(m.layers, batch=p.global_batch, updates=p.updates, extra_heads=extra, **common)}]
-    if cfg.system == "minipost":
+    if system.bridge:
         b = cfg.bridge
         layers = b.depth + b.layers
-        rows.append({"step": "1b bridge", "formula": "A4", "layers": layers, "updates": b.optim.updates,
-                     "batch": b.optim.global_batch,
+        rows.append({"step": "1b bridge", "formula": systems.FORMULAS["bridge"], "layers": layers,
+                     "updates": b.optim.updates, "batch": b.optim.global_batch,
                      "flops": bridge_flops(layers, batch=b.optim.global_batch, updates=b.optim.updates,
                                            trainable_layers=b.layers, **common)})
-    a = cfg.adapt.optim
-    per_lang = adapt_flops(cfg.mini_depth, batch=a.global_batch, updates=a.updates, **common)
-    rows.append({"step": "2 adapt (per language)", "formula": "A3", "layers": cfg.mini_depth, "updates": a.updates,
-                 "batch": a.global_batch, "flops": per_lang})
+    a, depth = cfg.adapt.optim, systems.adapt_depth(cfg)
+    per_lang = adapt_flops(depth, batch=a.global_batch, updates=a.updates, **common)
+    rows.append({"step": "2 adapt (per language)", "formula": systems.FORMULAS["adapt"], "layers": depth,
+                 "updates": a.updates, "batch": a.global_batch, "flops": per_lang})
     n = len(cfg.target_langs)
     if n > 1:
-        rows.append({"step": f"2 adapt ({n} languages)", "formula": "A3", "layers": cfg.mini_depth,
+        rows.append({"step": f"2 adapt ({n} languages)", "formula": systems.FORMULAS["adapt"], "layers": depth,
                      "updates": a.updates * n, "batch": a.global_batch, "flops": per_lang * n})
     for r in rows:
         r["v100_days"] = v100_days(r["flops"])
@@ -61,8 +65,8 @@ def cost_table(cfg: ExperimentConfig) -> str:
 # Results analysis: the paper's Tables 2-5 and Figures 1 and 3 from the experiment's results.jsonl files.
 # --------------------------------------------------------------------------------------------------
 
-REFERENCE = "bl_base"  # BL_BASE: standard adaptation of the 12-layer model, the reference of every speedup
-SYSTEM_ORDER = ("bl_base", "bl_small", "minijoint", "minipost")
+REFERENCE = systems.REFERENCE  # BL_BASE: standard adaptation of the 12-layer model, the reference of every speedup
+SYSTEM_ORDER = systems.ORDER
 NEAR_MAX = 0.95  # near-maximal performance: 95% of BL_BASE's final score
 _SWEEP = re.compile(r"^(?P<base>.+)-n(?P<depth>\d+)$")  # depth-sweep labels: minijoint-n2, minipost-n6, ...
 MISSING = "—"
@@ -219,7 +223,7 @@ def results_from_rows(rows: Iterable[dict]) -> Results:
 
 def load_results(runs_dir: str | Path, name: str) -> Results:
     """Every ``{runs_dir}/{name}/*/results.jsonl`` (a partial last line is ignored)."""
-    rows = [r for path in sorted((Path(runs_dir) / name).glob("*/results.jsonl")) for r in ResultsTable(path).rows()]
+    rows = [r for path in Layout(Path(runs_dir), name).all_results() for r in ResultsTable(path).rows()]
     return results_from_rows(rows)
 
 
@@ -471,7 +475,7 @@ def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
     ``baselines``: (task, lang) -> majority-class score, shown under Table 2."""
     res = load_results(runs_dir, name)
     res.baselines = dict(baselines or {})
-    out = Path(out) if out is not None else Path(runs_dir) / name / "report.md"
+    out = Path(out) if out is not None else Layout(Path(runs_dir), name).report
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs = plot_curves(res, out.parent / "plots") if res.curves else {}
     text = render_report(res, name, {task: path.relative_to(out.parent).as_posix() for task, path in pngs.items()})

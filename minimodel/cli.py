@@ -1,76 +1,69 @@
-"""`minimodel STAGE CONFIG [key=value ...]`."""
+"""`minimodel COMMAND CONFIG [key=value ...]`.
+
+Exit codes: 0 done; 2 bad input (the message names the file or key); 3 stopped early after a
+checkpoint (a signal, ``trainer.max_minutes`` or ``trainer.stop_at``): rerun to resume. ``submit``,
+``flops`` and ``report`` never import torch or Lightning."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
-from minimodel.config import ConfigError, ExperimentConfig, load_config
+from minimodel import log as logs
+from minimodel.config import ExperimentConfig, load_config
+from minimodel.errors import ERROR_EXIT, REQUEUE_EXIT, UserError
 
-
-
-def _known_errors() -> tuple[type[Exception], ...]:
-    from minimodel.data.corpus import CorpusError
-    from minimodel.data.shards import ShardError
-    from minimodel.data.tokenizer import TokenizerError
-    from minimodel.stages.common import CheckpointError, NonFiniteLossError
-    from minimodel.launch import SubmitError
-    from minimodel.surgery import PlugError
-
-    return (ConfigError, CorpusError, TokenizerError, ShardError, CheckpointError, NonFiniteLossError, PlugError,
-            SubmitError)
+log = logs.get_logger("minimodel.cli")
 
 
-def cmd_prepare(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+def _stopped(results: Any) -> str:
+    """Why a stage of ``results`` (one StageResult or a list) stopped early, or ""."""
+    for r in results if isinstance(results, list) else [results]:
+        if r.outcome.value == "stopped":
+            return r.reason or "stopped early"
+    return ""
+
+
+def cmd_prepare(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.data.prepare import prepare_language
 
     langs = args.langs.split(",") if args.langs else [cfg.source_lang, *cfg.target_langs]
     for lang in langs:
         prepare_language(cfg, lang, progress=not args.no_progress)
+    return ""
 
 
-def cmd_pretrain(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+def cmd_pretrain(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.stages.pretrain import run_pretrain
 
-    run_pretrain(cfg, progress_bar=not args.no_progress)
+    return _stopped(run_pretrain(cfg, progress_bar=not args.no_progress))
 
 
-def cmd_bridge(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+def cmd_bridge(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.stages.bridge import run_bridge
 
-    run_bridge(cfg, progress_bar=not args.no_progress)
+    return _stopped(run_bridge(cfg, progress_bar=not args.no_progress))
 
 
-def cmd_adapt(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+def cmd_adapt(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.stages.adapt import run_adapt
 
-    run_adapt(cfg, progress_bar=not args.no_progress)
+    return _stopped(run_adapt(cfg, progress_bar=not args.no_progress))
 
 
-def cmd_finetune(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+def cmd_finetune(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.stages.finetune import run_all_finetuning
 
-    run_all_finetuning(cfg, progress_bar=not args.no_progress)
+    return _stopped(run_all_finetuning(cfg, progress_bar=not args.no_progress))
 
 
-def cmd_evaluate(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+def cmd_evaluate(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.stages.evaluate import run_evaluate
 
     print(run_evaluate(cfg, progress=not args.no_progress))
-
-
-def cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
-    """Every step of the experiment in order, in this process; finished steps are skipped."""
-    from minimodel.pipeline import plan
-
-    for step in plan(args.config, args.overrides):
-        print(f"[minimodel run] {step.name}: minimodel {' '.join(step.args)}", flush=True)
-        extra = ["--no-progress"] if args.no_progress else []
-        rc = main([*step.args, *extra])
-        if rc != 0:
-            raise StepFailed(step.name, rc)
+    return ""
 
 
 class StepFailed(RuntimeError):
@@ -79,9 +72,22 @@ class StepFailed(RuntimeError):
         self.rc = rc
 
 
-def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+def cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
+    """Every step of the experiment in order, in this process; finished steps are skipped."""
+    from minimodel.pipeline import plan
+
+    for step in plan(args.config, args.overrides):
+        log.info(f"run {step.name}: minimodel {' '.join(step.args)}")
+        extra = ["--no-progress"] if args.no_progress else []
+        rc = main([*step.args, *extra])
+        if rc != 0:
+            raise StepFailed(step.name, rc)
+    return ""
+
+
+def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.analysis import summary, write_report
-    from minimodel.data.downstream import TaskData, majority_baseline
+    from minimodel.data.tasks import TaskData, majority_baseline
 
     baselines = {}
     for task in cfg.finetune.tasks:
@@ -90,25 +96,29 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
             langs = [cfg.source_lang, *data.languages(cfg.target_langs)]
             baselines.update({(task, lang): v for lang, v in majority_baseline(data, langs).items()})
         except Exception as e:  # the hub may be out of reach: the report goes on without the baseline
-            print(f"[minimodel] no majority-class baseline for {task}: {e}", file=sys.stderr)
+            log.warning(f"no majority-class baseline for {task}: {e}")
     path = write_report(cfg.runs_dir, cfg.name, baselines=baselines)
     print(summary(cfg.runs_dir, cfg.name, baselines=baselines))
     print(f"report: {path}")
+    return ""
 
 
-def cmd_submit(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+def cmd_submit(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.launch import submit
 
     submit(args.config, args.overrides, launcher=args.launcher, dry_run=args.dry_run)
+    return ""
 
 
-def cmd_flops(cfg: ExperimentConfig, args: argparse.Namespace) -> None:
+def cmd_flops(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.analysis import cost_table
 
     print(cost_table(cfg))
+    return ""
 
 
-COMMANDS: dict[str, tuple[Callable[[ExperimentConfig, argparse.Namespace], None], str]] = {
+# each returns "" when it finished, or why a training stage stopped early (exit 3: rerun to resume)
+COMMANDS: dict[str, tuple[Callable[[ExperimentConfig, argparse.Namespace], str], str]] = {
     "prepare": (cmd_prepare, "train tokenizers and encode corpora into token shards"),
     "pretrain": (cmd_pretrain, "step 1: MLM pretraining (resumes if a checkpoint exists)"),
     "bridge": (cmd_bridge, "step 1b (MiniPost): train the bridge layers of the mini-model"),
@@ -145,23 +155,19 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
     args.overrides = [*args.overrides, *extra]
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    errors = _known_errors()
-    from minimodel.stages import common
-
+    logs.setup()
     try:
         cfg = load_config(args.config, args.overrides)
-        COMMANDS[args.command][0](cfg, args)
+        stopped = COMMANDS[args.command][0](cfg, args)
     except StepFailed as e:
-        print(f"minimodel {args.command}: {e}", file=sys.stderr)
+        log.error(f"{args.command}: {e}")
         return e.rc
-    except errors as e:
-        print(f"minimodel {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    if common.INTERRUPTED:
-        print(f"minimodel {args.command}: stopped on {common.INTERRUPTED[0]} after writing a checkpoint; "
-              f"rerun the same command to resume", file=sys.stderr)
-        return common.REQUEUE_EXIT
+    except UserError as e:
+        log.error(f"{args.command}: error: {e}")
+        return ERROR_EXIT
+    if stopped:
+        log.warning(f"{args.command}: stopped ({stopped}) after writing a checkpoint; rerun the same command to resume")
+        return REQUEUE_EXIT
     return 0
 
 

@@ -13,20 +13,70 @@ under ``pretrain.optim``. Base files may have their own ``defaults``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
-from minimodel.model import ModelConfig
+from minimodel.errors import UserError
 
-SYSTEMS = ("bl_base", "bl_small", "minijoint", "minipost")
+PRIMARY = "primary"  # the MLM head after the last layer; a secondary head after layer N is "l{N}"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration problem, with a message that names the file/key at fault."""
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 50_000
+    hidden: int = 768
+    layers: int = 12
+    heads: int = 12
+    ffn: int = 3072
+    max_positions: int = 514  # seq_len + 2: RoBERTa's positions start after the padding index
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+    layer_norm_eps: float = 1e-5
+    pad_id: int = 1
+    mini_heads: list[int] = field(default_factory=list)  # depths of secondary MLM heads
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.hidden % self.heads != 0:
+            raise ValueError(f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})")
+        for name in ("vocab_size", "hidden", "layers", "heads", "ffn", "max_positions"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"model.pad_id ({self.pad_id}) must be a token id below vocab_size ({self.vocab_size})")
+        depths = list(self.mini_heads)
+        if len(set(depths)) != len(depths):
+            raise ValueError(f"model.mini_heads has duplicates: {depths}")
+        for depth in depths:
+            if not 1 <= depth <= self.layers:
+                raise ValueError(f"model.mini_heads: depth {depth} is outside 1..{self.layers} (model.layers)")
+        self.mini_heads = sorted(depths)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def head_names(self) -> list[str]:
+        return [PRIMARY] + [f"l{d}" for d in self.mini_heads]
+
+    def head_depth(self, name: str) -> int:
+        if name == PRIMARY:
+            return self.layers
+        if name.startswith("l") and name[1:].isdigit() and int(name[1:]) in self.mini_heads:
+            return int(name[1:])
+        raise KeyError(f"no MLM head {name!r}; this model has {self.head_names}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass
@@ -154,7 +204,7 @@ class LoggingConfig:
 @dataclass
 class ExperimentConfig:
     name: str = "???"
-    system: str = "???"
+    system: str = "???"  # a name registered in minimodel/systems.py
     tag: str = ""  # variant of the system within the experiment (run dir {system}-{tag}), e.g. n6 in a sweep
     sweep: list[str] = field(default_factory=list)  # `minimodel run` runs one variant per entry ("k=v k=v")
     runs_dir: str = "runs"
@@ -174,31 +224,9 @@ class ExperimentConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     @property
-    def run_dir(self) -> Path:
-        return Path(self.runs_dir) / self.name / (f"{self.system}-{self.tag}" if self.tag else self.system)
-
-    @property
     def label(self) -> str:
-        """The system as results and reports name it: ``minijoint`` or, in a sweep, ``minijoint-n6``."""
-        return self.run_dir.name
-
-    @property
-    def source_tokenizer(self) -> str:
-        """The source language's Hugging Face tokenizer, "" for the SentencePiece model `prepare` trains."""
-        if self.data.source_tokenizer:
-            return self.data.source_tokenizer
-        if self.system == "minipost" and is_hf_source(self.bridge.source):
-            return self.bridge.source
-        return ""
-
-    @property
-    def mini_depth(self) -> int:
-        """Depth of the mini-model: N for MiniJoint, N + bridge layers for MiniPost, else the body."""
-        if self.system == "minijoint":
-            return self.model.mini_heads[0]
-        if self.system == "minipost":
-            return self.bridge.depth + self.bridge.layers
-        return self.model.layers
+        """The system as results, reports and run directories name it: ``minijoint`` or, in a sweep, ``minijoint-n6``."""
+        return f"{self.system}-{self.tag}" if self.tag else self.system
 
 
 def find_conf_dir(config_file: Path) -> Path:
@@ -264,15 +292,17 @@ def _parse_override(item: str) -> tuple[str, Any]:
     return key.strip(), parsed
 
 
-def _merge(base: DictConfig, fragment: DictConfig, source: str) -> DictConfig:
+def _merge(base: DictConfig, fragment: DictConfig, source: str, error: type[ConfigError] = ConfigError,
+           noun: str = "config") -> DictConfig:
+    """``base`` updated with ``fragment``; unknown keys and bad values raise ``error`` naming ``source`` and the key."""
     try:
         return OmegaConf.merge(base, fragment)  # type: ignore[return-value]
     except ConfigKeyError as e:
-        raise ConfigError(f"{source}: unknown config key '{e.full_key}'" + _hint(base, str(e.full_key))) from e
+        raise error(f"{source}: unknown {noun} key '{e.full_key}'" + _hint(base, str(e.full_key))) from e
     except ValidationError as e:
-        raise ConfigError(f"{source}: bad value for '{e.full_key}': {str(e.msg).splitlines()[0]}") from e
+        raise error(f"{source}: bad value for '{e.full_key}': {str(e.msg).splitlines()[0]}") from e
     except OmegaConfBaseException as e:
-        raise ConfigError(f"{source}: {e}") from e
+        raise error(f"{source}: {e}") from e
 
 
 def _hint(cfg: DictConfig, full_key: str) -> str:
@@ -281,6 +311,16 @@ def _hint(cfg: DictConfig, full_key: str) -> str:
     if isinstance(node, DictConfig):
         return f"; valid keys under '{parent or '<top level>'}': {', '.join(str(k) for k in node.keys())}"
     return ""
+
+
+def load_structured(schema: type, path: Path, what: str, error: type[ConfigError] = ConfigError,
+                    noun: str = "config") -> Any:
+    """A YAML file read into the dataclass ``schema``: one way of failing for every config-like file."""
+    cfg = _merge(OmegaConf.structured(schema), load_yaml_mapping(path, what, error), str(path), error, noun)
+    try:
+        return OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        raise error(f"{path}: {e}") from e
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -306,6 +346,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     except ValueError as e:  # __post_init__ checks (ModelConfig)
         raise ConfigError(f"{path}: {e}") from e
     validate(obj, str(path))
+    from minimodel import systems  # the system-specific rules live with the declarations
+
+    systems.validate(obj, str(path))
     return obj
 
 
@@ -315,28 +358,31 @@ def is_hf_source(source: str) -> bool:
 
 
 def validate(cfg: ExperimentConfig, source: str) -> None:
+    """Checks that hold for every system (``systems.validate`` adds the system's own)."""
     def fail(msg: str) -> None:
         raise ConfigError(f"{source}: {msg}")
 
-    if cfg.system not in SYSTEMS:
-        fail(f"system must be one of {SYSTEMS}, got {cfg.system!r}")
-    if cfg.system == "minijoint" and len(cfg.model.mini_heads) != 1:
-        fail(f"system minijoint needs exactly one secondary head (model.mini_heads: [N]), got {cfg.model.mini_heads}")
-    if cfg.system != "minijoint" and cfg.model.mini_heads:
-        fail(f"model.mini_heads is only for minijoint; system {cfg.system} has {cfg.model.mini_heads}")
-    if cfg.system == "minipost" and not 1 <= cfg.bridge.depth < cfg.model.layers:
-        fail(f"bridge.depth must be in 1..{cfg.model.layers - 1}, got {cfg.bridge.depth}")
     if cfg.model.max_positions < cfg.data.seq_len + 2:
         fail(f"model.max_positions ({cfg.model.max_positions}) must be at least data.seq_len + 2 ({cfg.data.seq_len + 2})")
-    if cfg.model.vocab_size != cfg.data.vocab_size and not cfg.source_tokenizer:
-        # (with a Hugging Face source tokenizer the model's vocabulary is that tokenizer's, checked when loaded)
-        fail(f"model.vocab_size ({cfg.model.vocab_size}) must equal data.vocab_size ({cfg.data.vocab_size})")
     if not 0.0 < cfg.data.mask_prob < 1.0:
         fail(f"data.mask_prob must be in (0, 1), got {cfg.data.mask_prob}")
     if cfg.adapt.init not in ("overlap", "random"):
         fail(f"adapt.init must be 'overlap' or 'random', got {cfg.adapt.init!r}")
     if cfg.logging.wandb not in ("auto", "online", "offline", "disabled"):
         fail(f"logging.wandb must be auto|online|offline|disabled, got {cfg.logging.wandb!r}")
+    _validate_tasks(cfg, fail)
+    if cfg.body not in ("primary", "mini"):
+        fail(f"body must be 'primary' or 'mini', got {cfg.body!r}")
+    f = cfg.finetune
+    if f.batch_size % f.micro_batch:
+        fail(f"finetune.batch_size ({f.batch_size}) must be a multiple of finetune.micro_batch ({f.micro_batch})")
+    for stage in ("pretrain", "bridge", "adapt"):
+        o = getattr(cfg, stage).optim
+        if o.global_batch % o.micro_batch:
+            fail(f"{stage}.optim.global_batch ({o.global_batch}) must be a multiple of micro_batch ({o.micro_batch})")
+
+
+def _validate_tasks(cfg: ExperimentConfig, fail: Any) -> None:
     for name, t in cfg.tasks.items():
         if t.kind not in ("hub", "local"):
             fail(f"tasks.{name}.kind must be 'hub' or 'local', got {t.kind!r}")
@@ -347,17 +393,6 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
             fail(f"finetune.tasks names '{name}', which is not defined under tasks: (defined: {sorted(cfg.tasks)})")
     if cfg.task and cfg.task not in cfg.tasks:
         fail(f"task={cfg.task} is not defined under tasks: (defined: {sorted(cfg.tasks)})")
-    if cfg.body not in ("primary", "mini"):
-        fail(f"body must be 'primary' or 'mini', got {cfg.body!r}")
-    if cfg.body == "mini" and cfg.system != "minijoint":
-        fail("body=mini (finetuning the mini-model on its own) is for minijoint")
-    f = cfg.finetune
-    if f.batch_size % f.micro_batch:
-        fail(f"finetune.batch_size ({f.batch_size}) must be a multiple of finetune.micro_batch ({f.micro_batch})")
-    for stage in ("pretrain", "bridge", "adapt"):
-        o = getattr(cfg, stage).optim
-        if o.global_batch % o.micro_batch:
-            fail(f"{stage}.optim.global_batch ({o.global_batch}) must be a multiple of micro_batch ({o.micro_batch})")
 
 
 def check_task_fits(cfg: ExperimentConfig, task: str) -> None:

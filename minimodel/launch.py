@@ -43,13 +43,11 @@ import subprocess
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
-
-from minimodel.config import ConfigError, find_conf_dir, load_config, load_yaml_mapping
+from minimodel.config import ConfigError, find_conf_dir, load_config, load_structured
+from minimodel.errors import REQUEUE_EXIT, UserError
+from minimodel.layout import Layout
 from minimodel.pipeline import Step, plan
 
-REQUEUE_EXIT = 3  # `minimodel` exit code: stopped on a signal after writing a checkpoint (stages/common.py)
 TRAINING_STAGES = ("pretrain", "bridge", "adapt")  # may span several GPUs / nodes (srun + DDP)
 TRAINER_STAGES = ("pretrain", "bridge", "adapt", "finetune")  # stages with a `{stage}.trainer` config
 _TIME = re.compile(r"^(\d+-\d{1,2}(:\d{2}){0,2}|\d+:\d{2}(:\d{2})?)$")  # D-HH[:MM[:SS]] | [HH:]MM:SS
@@ -59,7 +57,7 @@ class LauncherConfigError(ConfigError):
     """A launcher file problem, naming the file and the key."""
 
 
-class SubmitError(RuntimeError):
+class SubmitError(UserError, RuntimeError):
     """sbatch is missing or refused a job."""
 
 
@@ -128,21 +126,7 @@ def launcher_path(launcher: str | Path, config: str | Path) -> Path:
 def load_launcher(path: str | Path) -> LauncherConfig:
     """Read a launcher YAML into a validated ``LauncherConfig``; unknown keys and bad values name file and key."""
     path = Path(path)
-    raw = load_yaml_mapping(path, "launcher file", LauncherConfigError)
-    base = OmegaConf.structured(LauncherConfig)
-    try:
-        merged = OmegaConf.merge(base, raw)
-        obj: LauncherConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
-    except ConfigKeyError as e:
-        parent = str(e.full_key).rpartition(".")[0]
-        node = OmegaConf.select(base, parent) if parent else base
-        valid = ", ".join(str(k) for k in node.keys()) if isinstance(node, DictConfig) else "?"
-        raise LauncherConfigError(f"{path}: unknown launcher key '{e.full_key}'; valid keys under "
-                                  f"'{parent or '<top level>'}': {valid}") from e
-    except ValidationError as e:
-        raise LauncherConfigError(f"{path}: bad value for '{e.full_key}': {str(e.msg).splitlines()[0]}") from e
-    except OmegaConfBaseException as e:
-        raise LauncherConfigError(f"{path}: {e}") from e
+    obj: LauncherConfig = load_structured(LauncherConfig, path, "launcher file", LauncherConfigError, "launcher")
     obj.source = str(path)
     _validate(obj)
     return obj
@@ -215,7 +199,7 @@ def sbatch_script(step: Step, launcher: LauncherConfig, run_root: str | Path, *,
     run_root = Path(run_root).absolute()
     workdir = Path(workdir or Path.cwd()).absolute()
     stem = stem or safe_name(step.name)
-    logs = run_root / "slurm"
+    logs = Layout(run_root.parent, run_root.name).slurm
     r = launcher.resources(step.stage)
     distributed = step.distributed and r.gpus_per_node > 0
     opts = [
@@ -292,8 +276,8 @@ def submit(config: str, overrides: list[str], launcher: str = "local", dry_run: 
     cfg = load_config(config, overrides)
     lc = load_launcher(launcher_path(launcher, config))
     steps = plan(config, overrides)
-    run_root = (Path(cfg.runs_dir) / cfg.name).absolute()
-    slurm = run_root / "slurm"
+    layout = Layout.of(cfg)
+    run_root, slurm = layout.root.absolute(), layout.slurm.absolute()
     if not dry_run and shutil.which("sbatch") is None:
         raise SubmitError("sbatch not found: run `minimodel submit` on a SLURM login node, or use --dry-run")
     slurm.mkdir(parents=True, exist_ok=True)

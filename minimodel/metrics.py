@@ -11,7 +11,7 @@ import re
 import string
 import unicodedata
 from collections import Counter
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torchmetrics.functional.classification import multiclass_accuracy

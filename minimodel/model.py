@@ -11,79 +11,18 @@ after layer N is called ``f"l{N}"``. Running a head only computes the layers bel
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-PRIMARY = "primary"
+from minimodel.config import PRIMARY, ModelConfig
+
 IGNORE_INDEX = -100
 
-
-@dataclass
-class ModelConfig:
-    vocab_size: int = 50_000
-    hidden: int = 768
-    layers: int = 12
-    heads: int = 12
-    ffn: int = 3072
-    max_positions: int = 514  # seq_len + 2: RoBERTa's positions start after the padding index
-    dropout: float = 0.1
-    attn_dropout: float = 0.1
-    layer_norm_eps: float = 1e-5
-    pad_id: int = 1
-    mini_heads: list[int] = field(default_factory=list)  # depths of secondary MLM heads
-    init_std: float = 0.02
-
-    def __post_init__(self) -> None:
-        if self.hidden % self.heads != 0:
-            raise ValueError(f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})")
-        for name in ("vocab_size", "hidden", "layers", "heads", "ffn", "max_positions"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
-        if not 0 <= self.pad_id < self.vocab_size:
-            raise ValueError(f"model.pad_id ({self.pad_id}) must be a token id below vocab_size ({self.vocab_size})")
-        depths = list(self.mini_heads)
-        if len(set(depths)) != len(depths):
-            raise ValueError(f"model.mini_heads has duplicates: {depths}")
-        for depth in depths:
-            if not 1 <= depth <= self.layers:
-                raise ValueError(f"model.mini_heads: depth {depth} is outside 1..{self.layers} (model.layers)")
-        self.mini_heads = sorted(depths)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def head_names(self) -> list[str]:
-        return [PRIMARY] + [f"l{d}" for d in self.mini_heads]
-
-    def head_depth(self, name: str) -> int:
-        if name == PRIMARY:
-            return self.layers
-        if name.startswith("l") and name[1:].isdigit() and int(name[1:]) in self.mini_heads:
-            return int(name[1:])
-        raise KeyError(f"no MLM head {name!r}; this model has {self.head_names}")
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: object) -> "ModelConfig":
-        if name not in PRESETS:
-            raise KeyError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
-        return replace(PRESETS[name], **overrides)  # type: ignore[arg-type]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-PRESETS: dict[str, ModelConfig] = {
-    "roberta-base": ModelConfig(),
-    "roberta-small": ModelConfig(layers=4),  # BL_SMALL: 4 layers, same width
-    "tiny": ModelConfig(vocab_size=1000, hidden=64, layers=4, heads=4, ffn=128, max_positions=130),
-}
+__all__ = ["PRIMARY", "IGNORE_INDEX", "ModelConfig", "RobertaMLM", "ClassificationHead", "SpanHead"]
 
 
 class Embeddings(nn.Module):

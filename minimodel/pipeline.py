@@ -2,7 +2,9 @@
 locally and what `minimodel submit` turns into dependent SLURM jobs.
 
 One experiment file is one system (``experiments/minijoint.yaml``); ``sweep:`` entries expand it into
-variants (the depth sweep). MiniPost's step 1 is BL_BASE's pretraining (shared run directory)."""
+variants (the depth sweep). Which steps a system has and which runs it shares with another system
+(MiniPost's step 1 and finetuned models are BL_BASE's) come from its declaration in ``systems.py``.
+Nothing here imports torch."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minimodel.config import ExperimentConfig, load_config
-from minimodel.stages.finetune import finetune_dir
+from minimodel.systems import external_primary, of, runs
 
 
 @dataclass(frozen=True)
@@ -52,29 +54,29 @@ def plan(config: str | Path, overrides: list[str] | None = None) -> list[Step]:
     langs = [first.source_lang, *first.target_langs]
     steps = [Step("prepare", "prepare", ("prepare", config, *overrides, f"--langs={','.join(langs)}"))]
     evaluations = []
-    shared: dict[Path, str] = {}  # run dir -> the step that produces it (MiniPost reuses BL_BASE's runs)
+    shared: dict[Path, str] = {}  # run dir -> the step that produces it (a system may reuse another's runs)
     for v in vs:
         cfg, o = v.cfg, v.overrides
+        system, r = of(cfg), runs(cfg)
         p = "" if len(vs) == 1 else f"{v.label}:"
 
         def step(name: str, stage: str, args: list[str], after: list[str], distributed: bool = False) -> Step:
             return Step(p + name, stage, (args[0], config, *o, *args[1:]), tuple(after), distributed)
 
-        if cfg.system == "minipost" and not cfg.bridge.source:
-            base_dir = cfg.run_dir.parent / "bl_base" / "pretrain"
-            if base_dir not in shared:
-                steps.append(step("pretrain", "pretrain", ["pretrain", "system=bl_base", "tag="], ["prepare"], True))
-                shared[base_dir] = p + "pretrain"
-            primary = shared[base_dir]
+        steps_of = system.steps(external_primary(cfg))
+        primary = "prepare"  # the step that makes the primary model (none of this experiment's: prepare)
+        if r.pretrain is not None:
+            if r.pretrain not in shared:
+                owner = ["system=" + system.primary_from, "tag="] if system.primary_from else []
+                steps.append(step("pretrain", "pretrain", ["pretrain", *owner], ["prepare"], True))
+                shared[r.pretrain] = p + "pretrain"
+            primary = shared[r.pretrain]
+        body = primary
+        if "bridge" in steps_of:
             steps.append(step("bridge", "bridge", ["bridge"], [primary], True))
             body = p + "bridge"
-        elif cfg.system == "minipost":
-            steps.append(step("bridge", "bridge", ["bridge"], ["prepare"], True))
-            body = primary = p + "bridge"
-        else:
-            steps.append(step("pretrain", "pretrain", ["pretrain"], ["prepare"], True))
-            body = primary = p + "pretrain"
-            shared[cfg.run_dir / "pretrain"] = primary
+            if r.pretrain is None:
+                primary = body  # an external primary model: steps 3-4 wait for the bridge's checks of it
         adapts = []
         for lang in cfg.target_langs:
             steps.append(step(f"adapt-{lang}", "adapt", ["adapt", f"lang={lang}"], [body], True))
@@ -82,13 +84,13 @@ def plan(config: str | Path, overrides: list[str] | None = None) -> list[Step]:
         finetunes = []
         for task in cfg.finetune.tasks:
             for seed in cfg.finetune.seeds:
-                where = finetune_dir(cfg, task, seed)
+                where = r.finetune(task, seed)
                 if where not in shared:
                     steps.append(step(f"finetune-{task}-s{seed}", "finetune",
                                       ["finetune", f"task={task}", f"seed={seed}"], [primary]))
                     shared[where] = p + f"finetune-{task}-s{seed}"
                 finetunes.append(shared[where])
-        if cfg.system == "minijoint":
+        if system.mini_finetune:
             for task in cfg.finetune.mini_tasks:
                 for seed in cfg.finetune.seeds:
                     steps.append(step(f"finetune-mini-{task}-s{seed}", "finetune",

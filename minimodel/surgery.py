@@ -7,16 +7,21 @@ Every function takes and returns plain ``RobertaMLM`` modules; nothing here read
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
+from minimodel.errors import UserError
 from minimodel.model import PRIMARY, RobertaMLM
 
+if TYPE_CHECKING:
+    from minimodel.checkpoints import Adaptation
 
-class PlugError(ValueError):
+
+class PlugError(UserError, ValueError):
     """Embeddings that do not fit the model or tokenizer they are plugged into."""
 
 
@@ -160,17 +165,17 @@ def adaptation_state(model: RobertaMLM) -> dict[str, Tensor]:
             "bias": model.heads[PRIMARY].bias.detach().cpu().clone()}
 
 
-def plug_embeddings(model: RobertaMLM, adapted: dict, tokenizer_sha256: str, tokenizer_vocab: int) -> RobertaMLM:
-    """Install adapted target-language embeddings (an adaptation checkpoint's dict) into ``model``.
+def plug_embeddings(model: RobertaMLM, adapted: Adaptation, tokenizer_sha256: str, tokenizer_vocab: int) -> RobertaMLM:
+    """Install adapted target-language embeddings (an adaptation checkpoint) into ``model``.
 
     The tokenizer that will feed the model must be the one the embeddings were trained with."""
-    emb = adapted["embeddings"]
-    where = f"adaptation checkpoint ({adapted.get('system', '?')}, {adapted.get('lang', '?')}, step {adapted.get('step', '?')})"
-    if adapted["tokenizer"]["sha256"] != tokenizer_sha256:
-        raise PlugError(f"{where} was trained with tokenizer {adapted['tokenizer']['path']} "
-                        f"(sha256 {adapted['tokenizer']['sha256'][:12]}), not the one given (sha256 {tokenizer_sha256[:12]})")
+    emb = adapted.embeddings
+    where = f"adaptation checkpoint ({adapted.system}, {adapted.lang}, step {adapted.step})"
+    if adapted.tokenizer["sha256"] != tokenizer_sha256:
+        raise PlugError(f"{where} was trained with tokenizer {adapted.tokenizer['path']} "
+                        f"(sha256 {adapted.tokenizer['sha256'][:12]}), not the one given (sha256 {tokenizer_sha256[:12]})")
     if emb.shape[0] != tokenizer_vocab:
         raise PlugError(f"{where} has {emb.shape[0]} embedding rows but the tokenizer has {tokenizer_vocab} pieces")
     if emb.shape[1] != model.cfg.hidden:
         raise PlugError(f"{where} has embeddings of width {emb.shape[1]}, the model expects {model.cfg.hidden}")
-    return swap_embeddings(model, emb, adapted.get("bias"))
+    return swap_embeddings(model, emb, adapted.bias)

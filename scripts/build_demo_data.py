@@ -275,7 +275,7 @@ def licence_summary(root: str, pkg: str) -> str:
         "manpages-tr": "GNU GPL for the translations; original licences of the English "
                        "pages retained (per copyright file, in Turkish)",
     }
-    return manual.get(pkg, "see /usr/share/doc/%s/copyright (free licence)" % pkg)
+    return manual.get(pkg, f"see /usr/share/doc/{pkg}/copyright (free licence)")
 
 
 # --------------------------------------------------------------------------------------

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from minimodel.analysis import (load_results, results_from_rows, speedups, summary, time_to_target,
-                                write_report)
+from minimodel.analysis import load_results, results_from_rows, speedups, summary, time_to_target, write_report
 from minimodel.flops import V100_DAY
 
 PNG = b"\x89PNG\r\n\x1a\n"

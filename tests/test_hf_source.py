@@ -19,8 +19,15 @@ from minimodel.data.mlm import Masker  # noqa: E402
 from minimodel.data.prepare import prepared_paths  # noqa: E402
 from minimodel.data.shards import TokenStream  # noqa: E402
 from minimodel.data.tokenizer import (  # noqa: E402
-    SENTENCEPIECE_SPECIALS, HFTokenizer, SpecialTokens, Tokenizer, TokenizerError, byte_level_surface,
-    load_tokenizer, wordpiece_surface)
+    SENTENCEPIECE_SPECIALS,
+    HFTokenizer,
+    SpecialTokens,
+    Tokenizer,
+    TokenizerError,
+    byte_level_surface,
+    load_tokenizer,
+    wordpiece_surface,
+)
 from minimodel.hf import from_hf, to_hf  # noqa: E402
 from minimodel.model import IGNORE_INDEX, PRIMARY, ModelConfig, RobertaMLM  # noqa: E402
 from minimodel.results import ResultsTable  # noqa: E402

@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from minimodel.launch import (LauncherConfigError, SubmitError, launcher_path, load_launcher, safe_name,
-                              sbatch_script, submit)
+from minimodel.launch import (
+    LauncherConfigError,
+    SubmitError,
+    launcher_path,
+    load_launcher,
+    safe_name,
+    sbatch_script,
+    submit,
+)
 from minimodel.pipeline import Step, plan
 from tests.conftest import ROOT
 

@@ -3,8 +3,17 @@ import torch
 
 from minimodel.model import IGNORE_INDEX, PRIMARY, ModelConfig, RobertaMLM
 from minimodel.stages.common import build_optimizer
-from minimodel.surgery import (PlugError, adaptation_trainable, build_minipost, extract_mini, freeze_all_but,
-                               overlap_init, plug_embeddings, swap_embeddings, trainable_parameters)
+from minimodel.surgery import (
+    PlugError,
+    adaptation_trainable,
+    build_minipost,
+    extract_mini,
+    freeze_all_but,
+    overlap_init,
+    plug_embeddings,
+    swap_embeddings,
+    trainable_parameters,
+)
 
 
 def tiny(mini_heads=(2,), vocab=300) -> RobertaMLM:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import io
 import lzma
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
+
+from minimodel.errors import UserError
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError, ValueError):
     """A corpus that cannot be used, with a message naming the file."""
 
 

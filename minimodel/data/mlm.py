@@ -16,9 +16,10 @@ block ``perm_e[g mod n]`` of data epoch ``e = g // n`` and masks it with a gener
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import count
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING
 
 import lightning as L
 import numpy as np
@@ -28,6 +29,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from minimodel.data.shards import ShardError, TokenStream
 from minimodel.data.tokenizer import SENTENCEPIECE_SPECIALS, SpecialTokens
 from minimodel.model import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from minimodel.config import ExperimentConfig, OptimConfig
+    from minimodel.data.tokenizer import AnyTokenizer
 
 N_SPECIAL = 5  # SentencePiece: <s> <pad> </s> <unk> <mask> are ids 0-4
 
@@ -191,3 +196,13 @@ class MLMDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state: dict) -> None:
         self.consumed = int(state["consumed"])
+
+
+def mlm_datamodule(cfg: ExperimentConfig, lang: str, optim: OptimConfig, seed: int, tok: AnyTokenizer) -> MLMDataModule:
+    """The MLM data of ``lang`` as the experiment prepared it, encoded by ``tok``."""
+    from minimodel.data.prepare import prepared_paths
+
+    d = cfg.data
+    return MLMDataModule(prepared_paths(cfg, lang).shards, d.seq_len, d.mask_prob, tok.vocab_size,
+                         optim.micro_batch, optim.global_batch, d.val_blocks, d.num_workers, seed,
+                         specials=tok.specials, tokenizer_sha256=tok.sha256)

@@ -8,40 +8,25 @@ so they never collide with SentencePiece shards of the same corpus."""
 
 from __future__ import annotations
 
-import hashlib
-import re
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from minimodel.config import ExperimentConfig
 from minimodel.data.corpus import find_corpus, iter_documents
 from minimodel.data.shards import encode_corpus
-from minimodel.data.tokenizer import HFTokenizer, Tokenizer, TokenizerError, train_tokenizer
+from minimodel.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError, train_tokenizer
+from minimodel.layout import Prepared, prepared
+from minimodel.log import get_logger
+from minimodel.systems import source_tokenizer
 
-
-@dataclass(frozen=True)
-class Prepared:
-    lang: str
-    tokenizer: str  # a SentencePiece .model path, or a Hugging Face tokenizer directory / hub id
-    shards: Path
-    hf: bool = False
-
-
-def _slug(ref: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(ref.rstrip("/")).name or "tokenizer")
-    return f"{name}-{hashlib.sha1(ref.encode()).hexdigest()[:8]}"
+log = get_logger(__name__)
 
 
 def prepared_paths(cfg: ExperimentConfig, lang: str) -> Prepared:
-    root = Path(cfg.data.prepared_dir) / lang
-    if lang == cfg.source_lang and cfg.source_tokenizer:
-        ref = cfg.source_tokenizer
-        return Prepared(lang, ref, root / f"hf-{_slug(ref)}" / "shards", hf=True)
-    return Prepared(lang, str(root / "spm.model"), root / "shards")
+    """Tokenizer and shards of ``lang`` (the source language may use a Hugging Face tokenizer)."""
+    return prepared(cfg.data.prepared_dir, lang, source_tokenizer(cfg) if lang == cfg.source_lang else "")
 
 
-def load_prepared_tokenizer(cfg: ExperimentConfig, lang: str) -> Tokenizer | HFTokenizer:
+def load_prepared_tokenizer(cfg: ExperimentConfig, lang: str) -> AnyTokenizer:
     """The tokenizer ``prepare`` used for ``lang`` (clear error when it has not run)."""
     paths = prepared_paths(cfg, lang)
     return HFTokenizer(paths.tokenizer) if paths.hf else Tokenizer(paths.tokenizer)
@@ -56,13 +41,13 @@ def prepare_language(cfg: ExperimentConfig, lang: str, progress: bool = True) ->
     tok: Tokenizer | HFTokenizer
     if paths.hf:
         tok = HFTokenizer(paths.tokenizer)
-        print(f"[prepare {lang}] Hugging Face tokenizer {paths.tokenizer} ({tok.vocab_size} pieces, "
-              f"{tok.convention} pieces, <mask> = {tok.specials.mask})", file=sys.stderr)
+        log.info(f"prepare {lang}: Hugging Face tokenizer {paths.tokenizer} ({tok.vocab_size} pieces, "
+                 f"{tok.convention} pieces, <mask> = {tok.specials.mask})")
     elif Path(paths.tokenizer).exists():
         tok = Tokenizer(paths.tokenizer)
-        print(f"[prepare {lang}] tokenizer {paths.tokenizer} exists ({tok.vocab_size} pieces)", file=sys.stderr)
+        log.info(f"prepare {lang}: tokenizer {paths.tokenizer} exists ({tok.vocab_size} pieces)")
     else:
-        print(f"[prepare {lang}] training SentencePiece ({cfg.data.vocab_size} pieces) on {corpus}", file=sys.stderr)
+        log.info(f"prepare {lang}: training SentencePiece ({cfg.data.vocab_size} pieces) on {corpus}")
         tok = train_tokenizer(corpus, Path(paths.tokenizer), cfg.data.vocab_size, cfg.data.spm_model_type,
                               cfg.data.spm_max_sentences, cfg.data.spm_character_coverage, cfg.data.encode_threads)
     if not paths.hf and tok.vocab_size != cfg.data.vocab_size:
@@ -70,5 +55,26 @@ def prepare_language(cfg: ExperimentConfig, lang: str, progress: bool = True) ->
                              f"{cfg.data.vocab_size}; delete it to retrain, or set data.vocab_size={tok.vocab_size}")
     manifest = encode_corpus(corpus, tok, paths.shards, cfg.data.shard_bytes, cfg.data.encode_threads, progress)
     tokens = sum(e["tokens"] for e in manifest["shards"])
-    print(f"[prepare {lang}] {paths.shards}: {len(manifest['shards'])} shards, {tokens:,} tokens", file=sys.stderr)
+    log.info(f"prepare {lang}: {paths.shards}: {len(manifest['shards'])} shards, {tokens:,} tokens")
     return paths
+
+
+def load_source_tokenizer(cfg: ExperimentConfig, model: object | None = None, model_name: str = "") -> AnyTokenizer:
+    """The source language's tokenizer (SentencePiece from `prepare`, or a Hugging Face one), checked against
+    ``model`` (a ``RobertaMLM``: vocabulary size and padding id) or, without one, against ``model:``."""
+    tok = load_prepared_tokenizer(cfg, cfg.source_lang)
+    if model is None:
+        vocab, pad = cfg.model.vocab_size, cfg.model.pad_id
+        has_vocab, pads = f"model.vocab_size is {vocab}", f"model.pad_id is {pad}"
+    else:
+        mcfg = model.cfg  # type: ignore[attr-defined]
+        vocab, pad = mcfg.vocab_size, mcfg.pad_id
+        has_vocab = f"the model {model_name} has a vocabulary of {vocab}"
+        pads = f"the model {model_name} pads with id {pad}"
+    if tok.vocab_size != vocab:
+        hint = ("; a public model needs its own tokenizer: set data.source_tokenizer to its directory or hub id"
+                if isinstance(tok, Tokenizer) and model is not None else "")
+        raise TokenizerError(f"tokenizer {tok.path} has {tok.vocab_size} pieces but {has_vocab}{hint}")
+    if tok.specials.pad != pad:
+        raise TokenizerError(f"tokenizer {tok.path} pads with id {tok.specials.pad} but {pads}")
+    return tok

@@ -15,20 +15,21 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from tqdm import tqdm
 
 from minimodel.data.corpus import iter_documents
 from minimodel.data.tokenizer import AnyTokenizer
+from minimodel.errors import UserError
 
 MANIFEST = "manifest.json"
 
 
-class ShardError(ValueError):
+class ShardError(UserError, ValueError):
     """Prepared data that cannot be used, with a message naming the file."""
 
 
@@ -165,7 +166,7 @@ class TokenStream:
     tokenizer_sha256: str = ""
 
     @classmethod
-    def open(cls, out_dir: str | Path) -> "TokenStream":
+    def open(cls, out_dir: str | Path) -> TokenStream:
         out_dir = Path(out_dir)
         manifest = read_manifest(out_dir)
         if manifest is None:

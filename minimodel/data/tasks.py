@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import csv
 import json
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from minimodel.config import TaskConfig
 from minimodel.data.tokenizer import PAD, AnyTokenizer
+
+if TYPE_CHECKING:  # torch is imported where tensors are made, so that reading tasks (the report) stays light
+    import torch
 
 EXTENSIONS = ("jsonl", "json", "parquet", "csv", "tsv")
 Offset = tuple[int, int] | None
@@ -358,6 +362,8 @@ def decode_spans(
     per feature, pair the ``n_best`` highest start and end logits, skip spans that leave the context
     (offset None or past the feature's length, e.g. padding), end before start or are longer than
     ``max_answer_len`` tokens, and return the context text of the highest start+end score ("" if none)."""
+    import torch
+
     best_score, best_text = float("-inf"), ""
     for starts, ends, offs in zip(start_logits, end_logits, offsets):
         starts = torch.as_tensor(starts, dtype=torch.float)[: len(offs)]
@@ -381,6 +387,8 @@ def feature_rows(features: dict[str, list]) -> list[dict[str, Any]]:
 def pad_collate(batch: Sequence[dict[str, Any]], pad_id: int = PAD) -> dict[str, Any]:
     """Batch features: ``input_ids`` right-padded with ``pad_id`` (the model's ``<pad>``) plus ``attention_mask``; int fields
     (``label``, ``start_positions``, ...) as tensors; other fields (``offsets``, ``example_id``) as lists."""
+    import torch
+
     width = max(len(f["input_ids"]) for f in batch)
     input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(batch), width), dtype=torch.bool)
@@ -393,4 +401,74 @@ def pad_collate(batch: Sequence[dict[str, Any]], pad_id: int = PAD) -> dict[str,
             continue
         values = [f[key] for f in batch]
         out[key] = torch.tensor(values, dtype=torch.long) if isinstance(values[0], int) else values
+    return out
+
+
+@dataclass
+class TaskData:
+    """Splits and featurisation of one task."""
+
+    name: str
+    cfg: TaskConfig
+
+    def __post_init__(self) -> None:
+        self.local = LocalClassificationTask(self.cfg.source, self.cfg.text_fields, self.cfg.label_field) \
+            if self.cfg.kind == "local" else None
+        self.spec = None if self.local else get_task(self.name)
+
+    @property
+    def is_qa(self) -> bool:
+        return self.spec is not None and self.spec.is_qa
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        if self.local is not None:
+            return self.local.labels
+        return self.spec.labels  # type: ignore[union-attr]
+
+    @property
+    def text_fields(self) -> tuple[str, ...]:
+        return self.local.text_fields if self.local is not None else self.spec.text_fields  # type: ignore[union-attr]
+
+    @property
+    def metric(self) -> str:
+        return "f1" if self.is_qa else "accuracy"
+
+    def languages(self, target_langs: list[str]) -> list[str]:
+        """Evaluation languages: ``tasks.X.langs`` or the experiment's targets this task has."""
+        if self.cfg.langs:
+            return list(self.cfg.langs)
+        if self.local is not None:
+            return [lang for lang in target_langs if any(self.local.root.glob(f"test.{lang}.*"))]
+        return [lang for lang in target_langs if lang in self.spec.languages]  # type: ignore[union-attr]
+
+    def records(self, split: str, lang: str = "en") -> list[dict[str, Any]]:
+        """``split`` is train, dev or test (English), or test in ``lang``."""
+        if self.local is not None:
+            return self.local.load("test", lang) if split == "test" else self.local.load(split)
+        spec = self.spec
+        assert spec is not None
+        if split in ("train", "dev"):
+            task = spec.train_task
+            source = (self.cfg.train_source if task != self.name else self.cfg.source) or None
+            hub_split = "train" if split == "train" else "validation"
+            return load_task_split(task, "en", hub_split, source)
+        return load_task_split(self.name, lang, spec.eval_split, self.cfg.source or None)
+
+    def features(self, records: list[dict[str, Any]], tokenizer: AnyTokenizer) -> list[dict[str, Any]]:
+        if self.is_qa:
+            return feature_rows(encode_qa(records, tokenizer, self.cfg.max_len, self.cfg.stride))
+        return feature_rows(encode_classification(records, tokenizer, self.text_fields, self.cfg.max_len))
+
+
+def majority_baseline(task: TaskData, langs: list[str]) -> dict[str, float]:
+    """Accuracy of always predicting the most frequent label of the English training data, per language."""
+    if task.is_qa:
+        return {}
+    counts = Counter(r["label"] for r in task.records("train"))
+    top = counts.most_common(1)[0][0]
+    out = {}
+    for lang in langs:
+        labels = [int(r["label"]) for r in task.records("test", lang)]
+        out[lang] = 100.0 * sum(label == top for label in labels) / max(1, len(labels))
     return out

@@ -16,13 +16,15 @@ import io
 import json
 import os
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Protocol
 
 import sentencepiece as spm
 
 from minimodel.data.corpus import iter_lines
+from minimodel.errors import UserError
 
 # fairseq / RoBERTa order for the first four; <mask> right after them.
 BOS, PAD, EOS, UNK, MASK = 0, 1, 2, 3, 4
@@ -50,7 +52,7 @@ class SpecialTokens:
 SENTENCEPIECE_SPECIALS = SpecialTokens()
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """A tokenizer that cannot be used here, with a message naming the file."""
 
 

@@ -7,76 +7,61 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-import lightning as L
-
-from minimodel.config import ConfigError, ExperimentConfig, is_hf_source, save_config
+from minimodel.checkpoints import CheckpointError, TrainingMeta, load_trained_model
+from minimodel.config import ConfigError, ExperimentConfig, is_hf_source
+from minimodel.data.mlm import mlm_datamodule
+from minimodel.data.prepare import load_source_tokenizer
+from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.flops import bridge_flops
+from minimodel.layout import is_done
+from minimodel.log import get_logger
 from minimodel.model import RobertaMLM
-from minimodel.stages import common
-from minimodel.stages.pretrain import load_source_tokenizer, mlm_datamodule
-from minimodel.surgery import build_minipost, primary_only, trainable_parameters
+from minimodel.surgery import bridge_trainable, build_minipost, primary_only, trainable_parameters
+from minimodel.systems import of, runs
+from minimodel.training.mlm import MLMModule
+from minimodel.training.runner import Runner, Stage, StageResult, Training
 
-
-class BridgeModule(common.MLMModule):
-    """Step 1b: only the inserted bridge layers train; everything copied from the primary model is frozen."""
-
-    def on_fit_start(self) -> None:
-        depth = self.meta["depth"]
-        for name, p in self.model.named_parameters():
-            new_layer = name.startswith("layers.") and int(name.split(".")[1]) >= depth
-            if p.requires_grad != new_layer:
-                raise RuntimeError(f"bridge: {name} should {'' if new_layer else 'not '}train")
-
-
-def primary_checkpoint(cfg: ExperimentConfig) -> str:
-    """Where MiniPost's primary model comes from: ``bridge.source`` or this experiment's BL_BASE."""
-    return cfg.bridge.source or str(cfg.run_dir.parent / "bl_base" / "pretrain" / "checkpoints" / "last.ckpt")
+log = get_logger(__name__)
 
 
 def load_primary(source: str) -> RobertaMLM:
-    """A BL_BASE-style checkpoint file, or a Hugging Face model directory / hub id."""
+    """A training checkpoint file (without its secondary heads), or a Hugging Face model directory / hub id."""
     path = Path(source)
     if path.is_file():
-        model, _ = common.load_model(path)
+        model, _ = load_trained_model(path)
         return primary_only(model)
     if is_hf_source(source):
         from minimodel.hf import from_hf
 
         return from_hf(source)
-    raise common.CheckpointError(f"bridge source {source} not found (pretrain BL_BASE first, or set bridge.source)")
+    raise CheckpointError(f"bridge source {source} not found (pretrain BL_BASE first, or set bridge.source)")
 
 
-def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> Path:
-    if cfg.system != "minipost":
-        raise ConfigError(f"the bridge (step 1b) is MiniPost's; this experiment's system is {cfg.system}")
-    b = cfg.bridge
-    run = common.StageRun(cfg.run_dir / "bridge", f"{cfg.system}/bridge", b.trainer, b.optim)
-    if common.is_done(run.run_dir):
-        print(f"[minimodel] {run.run_dir} is complete; skipping", flush=True)
-        return run.run_dir
-    source = primary_checkpoint(cfg)
-    primary = load_primary(source)
-    tok = load_source_tokenizer(cfg, primary, f"bridge.source={source}")
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run.run_dir / "config.yaml")
-    L.seed_everything(b.trainer.seed, workers=True, verbose=False)
-    mini = build_minipost(primary, b.depth, b.layers, seed=b.trainer.seed)
-    n_train = trainable_parameters(mini)
-    print(f"[minimodel] MiniPost mini-model: {b.depth} copied + {b.layers} new layers; "
-          f"{n_train:,} trainable parameters", flush=True)
-    flops = bridge_flops(mini.cfg.layers, mini.cfg.hidden, cfg.data.seq_len, mini.cfg.vocab_size, cfg.data.mask_prob,
-                         b.optim.global_batch, 1, trainable_layers=b.layers)
-    meta = {"stage": "bridge", "system": cfg.system, "lang": cfg.source_lang, "model_config": asdict(mini.cfg),
-            "primary": source, "depth": b.depth, "bridge_layers": b.layers, "trainable_parameters": n_train,
-            "tokenizer": {"path": str(tok.path), "sha256": tok.sha256}}
-    module = BridgeModule(mini, b.optim, meta, flops)
-    dm = mlm_datamodule(cfg, cfg.source_lang, b.optim, b.trainer.seed, tok)
-    callbacks = [common.ScheduledCheckpoints(run.ckpt_dir, b.trainer.ckpt_every, b.trainer.ckpt_steps,
-                                             b.trainer.max_minutes, b.trainer.stop_at),
-                 common.StageProgress(flops, b.optim.global_batch * cfg.data.seq_len, log_every=b.trainer.log_every)]
-    trainer = common.make_trainer(cfg, run, callbacks, common.world_size(b.trainer), progress_bar)
-    common.fit(trainer, module, dm, run)
-    if trainer.global_step >= b.optim.updates and trainer.is_global_zero:
-        common.write_done(run.run_dir, {"step": trainer.global_step, "checkpoint": str(run.ckpt_dir / "last.ckpt"),
-                                        "flops": trainer.global_step * flops})
-    return run.run_dir
+def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
+    if not of(cfg).bridge:
+        raise ConfigError(f"system {cfg.system} has no bridge (step 1b)")
+    b, r = cfg.bridge, runs(cfg)
+
+    def prepare() -> tuple[RobertaMLM, AnyTokenizer]:
+        if r.pretrain is not None and not is_done(r.pretrain):
+            raise CheckpointError(f"the bridge needs a finished primary model: {r.pretrain} is not complete "
+                                  f"(pretrain it first, or set bridge.source)")
+        primary = load_primary(r.primary)
+        return primary, load_source_tokenizer(cfg, primary, f"bridge.source={r.primary}")
+
+    def build(inputs: tuple[RobertaMLM, AnyTokenizer]) -> Training:
+        primary, tok = inputs
+        mini = build_minipost(primary, b.depth, b.layers, seed=b.trainer.seed)
+        n_train = trainable_parameters(mini)
+        log.info(f"MiniPost mini-model: {b.depth} copied + {b.layers} new layers; {n_train:,} trainable parameters")
+        flops = bridge_flops(mini.cfg.layers, mini.cfg.hidden, cfg.data.seq_len, mini.cfg.vocab_size,
+                             cfg.data.mask_prob, b.optim.global_batch, 1, trainable_layers=b.layers)
+        meta = TrainingMeta(stage="bridge", system=cfg.system, lang=cfg.source_lang, model_config=asdict(mini.cfg),
+                            tokenizer={"path": str(tok.path), "sha256": tok.sha256},
+                            extra={"primary": r.primary, "depth": b.depth, "bridge_layers": b.layers,
+                                   "trainable_parameters": n_train})
+        module = MLMModule(mini, b.optim, meta, flops, trainable=bridge_trainable(b.depth))
+        return Training(module, mlm_datamodule(cfg, cfg.source_lang, b.optim, b.trainer.seed, tok), b.optim, b.trainer,
+                        flops_per_update=flops, tokens_per_update=b.optim.global_batch * cfg.data.seq_len)
+
+    return Runner(cfg, Stage("bridge", r.bridge, b.trainer.seed), prepare, build).run(progress_bar)

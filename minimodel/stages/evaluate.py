@@ -8,22 +8,25 @@ evaluation resumes without duplicates."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from minimodel.checkpoints import Adaptation, CheckpointError, load_adaptation, load_finetuned
 from minimodel.config import ExperimentConfig
-from minimodel.data.downstream import TaskData, evaluate
+from minimodel.data.downstream import evaluate
 from minimodel.data.prepare import load_prepared_tokenizer
+from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import AnyTokenizer
+from minimodel.layout import adaptation_checkpoints, checkpoint_step, finetuned_model, read_done
+from minimodel.log import get_logger
 from minimodel.results import KEY, ResultsTable
-from minimodel.stages import common
-from minimodel.stages.adapt import adaptation_checkpoints, load_adaptation
-from minimodel.stages.finetune import finetune_dir, load_finetuned
 from minimodel.surgery import PlugError, plug_embeddings
+from minimodel.systems import of, runs
+
+log = get_logger(__name__)
 
 
 def device_for(cfg: ExperimentConfig) -> torch.device:
@@ -35,8 +38,7 @@ def device_for(cfg: ExperimentConfig) -> torch.device:
 
 def english_rows(cfg: ExperimentConfig, task: str, seed: int, body: str) -> list[dict]:
     """Rows of the English scores a finished finetuning run recorded (Table 5)."""
-    done = finetune_dir(cfg, task, seed) if body == "primary" else cfg.run_dir / "finetune_mini" / task / f"seed{seed}"
-    info = common.read_done(done)
+    info = read_done(runs(cfg).finetune(task, seed, body))
     if info is None:
         return []
     base = {"system": cfg.label, "body": body, "task": task, "lang": cfg.source_lang, "seed": seed, "step": -1,
@@ -45,14 +47,15 @@ def english_rows(cfg: ExperimentConfig, task: str, seed: int, body: str) -> list
             for split, scores in info["english"].items() for metric, value in scores.items()]
 
 
-def check_adaptation(adapted: dict, cfg: ExperimentConfig, lang: str, path: Path) -> None:
-    if adapted["system"] != cfg.system or adapted["lang"] != lang:
-        raise PlugError(f"{path} is an adaptation checkpoint of {adapted['system']}/{adapted['lang']}, "
+def check_adaptation(adapted: Adaptation, cfg: ExperimentConfig, lang: str, path: Path) -> None:
+    if adapted.system != cfg.system or adapted.lang != lang:
+        raise PlugError(f"{path} is an adaptation checkpoint of {adapted.system}/{adapted.lang}, "
                         f"not of {cfg.system}/{lang}")
 
 
 def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
-    table = ResultsTable(cfg.run_dir / "results.jsonl")
+    r = runs(cfg)
+    table = ResultsTable(r.results)
     done = table.keys()
     tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
     seeds = [cfg.seed] if cfg.seed else list(cfg.finetune.seeds)
@@ -65,27 +68,28 @@ def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
         langs = [cfg.lang] if cfg.lang else data.languages(cfg.target_langs)
         for seed in seeds:
             for lang in langs:
-                ckpts = adaptation_checkpoints(cfg.run_dir / "adapt" / lang)
+                ckpts = adaptation_checkpoints(r.adapt(lang))
                 if not ckpts:
-                    raise common.CheckpointError(f"no adaptation checkpoints for {lang} in "
-                                                 f"{cfg.run_dir / 'adapt' / lang} (run `minimodel adapt ... lang={lang}`)")
+                    raise CheckpointError(f"no adaptation checkpoints for {lang} in {r.adapt(lang)} "
+                                          f"(run `minimodel adapt ... lang={lang}`)")
                 plan += [(task, seed, lang, c) for c in ckpts]
-    english = [r for task in tasks for seed in seeds for body in ("primary", "mini")
-               for r in english_rows(cfg, task, seed, body) if tuple(r[k] for k in KEY) not in done]
+    bodies = ("primary", "mini") if of(cfg).mini_finetune else ("primary",)
+    english = [row for task in tasks for seed in seeds for body in bodies
+               for row in english_rows(cfg, task, seed, body) if tuple(row[k] for k in KEY) not in done]
     table.append(english)
-    todo = [p for p in plan if (cfg.label, "primary", p[0], p[2], p[1], int(p[3].stem.removeprefix("step"))) not in done]
-    print(f"[minimodel] evaluate {cfg.label}: {len(plan)} (task, seed, language, checkpoint) evaluations, "
-          f"{len(plan) - len(todo)} already in {table.path}", file=sys.stderr, flush=True)
+    todo = [p for p in plan if (cfg.label, "primary", p[0], p[2], p[1], checkpoint_step(p[3])) not in done]
+    log.info(f"evaluate {cfg.label}: {len(plan)} (task, seed, language, checkpoint) evaluations, "
+             f"{len(plan) - len(todo)} already in {table.path}")
     started = time.perf_counter()
-    bar = tqdm(total=len(todo), desc="evaluate", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=len(todo), desc="evaluate", disable=not progress, dynamic_ncols=True, mininterval=0.5)
     loaded: tuple[str, int] | None = None
     body = head = None
     for task, seed, lang, path in todo:
         data = datas[task]
         if loaded != (task, seed):
-            model_path = finetune_dir(cfg, task, seed) / "model.pt"
+            model_path = finetuned_model(r.finetune(task, seed))
             if not model_path.exists():
-                raise common.CheckpointError(f"{model_path} not found: run `minimodel finetune ... task={task} seed={seed}`")
+                raise CheckpointError(f"{model_path} not found: run `minimodel finetune ... task={task} seed={seed}`")
             body, head, _ = load_finetuned(model_path)
             body.to(device), head.to(device)
             loaded = (task, seed)
@@ -100,13 +104,12 @@ def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
         body.to(device)
         scores = evaluate(data, body, head, records, features, lang, cfg.finetune.eval_batch, device)
         base = {"system": cfg.label, "body": "primary", "task": task, "lang": lang, "seed": seed,
-                "step": int(adapted["step"]), "flops": float(adapted["flops"]), "v100_days": float(adapted["v100_days"]),
+                "step": int(adapted.step), "flops": float(adapted.flops), "v100_days": float(adapted.v100_days),
                 "split": "test"}
         table.append({**base, "metric": m, "value": v} for m, v in scores.items())
         bar.update(1)
     bar.close()
     if todo:
         took = time.perf_counter() - started
-        print(f"[minimodel] evaluated {len(todo)} checkpoints in {took:.1f} s ({took / len(todo):.2f} s each)",
-              file=sys.stderr, flush=True)
+        log.info(f"evaluated {len(todo)} checkpoints in {took:.1f} s ({took / len(todo):.2f} s each)")
     return table.path

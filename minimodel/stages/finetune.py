@@ -11,8 +11,8 @@ English dev/test scores."""
 from __future__ import annotations
 
 import math
-from functools import partial
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +23,22 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torchmetrics.classification import MulticlassAccuracy
 
-from minimodel.config import ConfigError, ExperimentConfig, OptimConfig, check_task_fits, save_config
-from minimodel.data.downstream import TaskData, evaluate, task_head
+from minimodel.checkpoints import CheckpointError, Finetuned, TrainingMeta, atomic_torch_save, load_trained_model
+from minimodel.config import ConfigError, ExperimentConfig, OptimConfig, check_task_fits
+from minimodel.data.downstream import evaluate, task_head
 from minimodel.data.mlm import ResumableSampler
-from minimodel.data.tasks import pad_collate
+from minimodel.data.prepare import load_source_tokenizer
+from minimodel.data.tasks import TaskData, pad_collate
 from minimodel.data.tokenizer import PAD
+from minimodel.layout import finetuned_model
+from minimodel.log import get_logger
 from minimodel.model import RobertaMLM
-from minimodel.stages import common
-from minimodel.stages.adapt import primary_source
-from minimodel.stages.pretrain import load_source_tokenizer
 from minimodel.surgery import extract_mini, freeze_all_but, primary_only
+from minimodel.systems import adapt_depth, external_primary, mini_head, runs
+from minimodel.training.optim import check_finite, lightning_optim
+from minimodel.training.runner import Outcome, Runner, Stage, StageResult, Training
+
+log = get_logger(__name__)
 
 TRAIN_KEYS = ("input_ids", "label", "start_positions", "end_positions")
 
@@ -111,7 +117,7 @@ class FinetuneModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss, _ = self.loss(batch)
-        common.check_finite(loss, self.global_step)
+        check_finite(loss, self.global_step)
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
         return loss
@@ -128,34 +134,30 @@ class FinetuneModule(L.LightningModule):
             self.val_acc.reset()
 
     def configure_optimizers(self) -> dict:
-        params = [p for p in self.parameters() if p.requires_grad]
-        return common.lightning_optim(*common.build_optimizer(params, self.optim_cfg))
+        return lightning_optim([p for p in self.parameters() if p.requires_grad], self.optim_cfg)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["minimodel"] = {**self.meta, "step": self.global_step}
-
-
-def finetune_dir(cfg: ExperimentConfig, task: str, seed: int) -> Path:
-    """MiniPost's primary model is BL_BASE (unless bridge.source names another): it shares BL_BASE's runs."""
-    if cfg.body == "mini":
-        return cfg.run_dir / "finetune_mini" / task / f"seed{seed}"
-    system_dir = cfg.run_dir.parent / "bl_base" if (cfg.system == "minipost" and not cfg.bridge.source) else cfg.run_dir
-    return system_dir / "finetune" / task / f"seed{seed}"
+        meta = TrainingMeta(stage="finetune", system=self.meta["system"], model_config=self.meta["model_config"],
+                            tokenizer=self.meta["tokenizer"], step=self.global_step,
+                            extra={k: v for k, v in self.meta.items() if k not in ("system", "model_config", "tokenizer")})
+        checkpoint["minimodel"] = meta.to_dict()
 
 
 def finetune_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str]:
-    source = primary_source(cfg)
-    if cfg.system == "minipost" and cfg.bridge.source:
+    """The model step 3 finetunes: the primary model (a run of this experiment, or ``bridge.source``), or with
+    ``body=mini`` the mini-model cut from it."""
+    r = runs(cfg)
+    if external_primary(cfg):
         from minimodel.stages.bridge import load_primary
 
-        return load_primary(source), source
-    path = Path(source)
+        return load_primary(r.primary), r.primary
+    path = Path(r.primary)
     if not path.exists():
-        raise common.CheckpointError(f"finetuning needs the step-1 model {path}: run `minimodel pretrain` first")
-    model, _ = common.load_model(path)
+        raise CheckpointError(f"finetuning needs the step-1 model {path}: run `minimodel pretrain` first")
+    model, _ = load_trained_model(path)
     if cfg.body == "mini":
-        return extract_mini(model, cfg.mini_depth), source
-    return primary_only(model), source
+        return extract_mini(model, adapt_depth(cfg), mini_head(cfg)), r.primary
+    return primary_only(model), r.primary
 
 
 def finetune_optim(cfg: ExperimentConfig, task: str, n_train: int) -> OptimConfig:
@@ -166,75 +168,63 @@ def finetune_optim(cfg: ExperimentConfig, task: str, n_train: int) -> OptimConfi
                        micro_batch=f.micro_batch, grad_clip=f.grad_clip)
 
 
-def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool = True) -> Path:
-    run_dir = finetune_dir(cfg, task, seed)
-    if common.is_done(run_dir):
-        print(f"[minimodel] {run_dir} is complete; skipping", flush=True)
-        return run_dir
-    check_task_fits(cfg, task)
-    data = TaskData(task, cfg.tasks[task])
-    L.seed_everything(seed, workers=True, verbose=False)  # before the body: building it draws (the head's init)
-    body, source = finetune_body(cfg)
-    tok = load_source_tokenizer(cfg, body, source)
-    train_records = data.records("train")
-    if cfg.tasks[task].max_train_examples:
-        train_records = train_records[: cfg.tasks[task].max_train_examples]
-    dev_records, test_records = data.records("dev"), data.records("test", "en")
-    train, dev, test = (data.features(r, tok) for r in (train_records, dev_records, test_records))
-    optim = finetune_optim(cfg, task, len(train))
-    steps_per_epoch = max(1, optim.updates // max(1, math.ceil(cfg.finetune.epochs)))
-    t = replace(cfg.finetune.trainer, val_every=min(cfg.finetune.trainer.val_every, steps_per_epoch))
-    run = common.StageRun(run_dir, f"{cfg.system}/finetune/{task}/seed{seed}" + ("/mini" if cfg.body == "mini" else ""),
-                          t, optim)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
-    n_train = freeze_all_but(body, finetune_trainable)
-    head = task_head(data, body.cfg.hidden, body.cfg.dropout)
-    meta = {"stage": "finetune", "system": cfg.system, "task": task, "seed": seed, "body": cfg.body,
-            "source": source, "model_config": asdict(body.cfg), "labels": list(data.labels), "qa": data.is_qa,
-            "tokenizer": {"path": str(tok.path), "sha256": tok.sha256}}
-    print(f"[minimodel] finetune {cfg.system} ({cfg.body}) on {task}, seed {seed}: {len(train):,} training features, "
-          f"{optim.updates} updates, {n_train + sum(p.numel() for p in head.parameters()):,} trainable parameters",
-          flush=True)
-    module = FinetuneModule(body, head, data.is_qa, len(data.labels), optim, meta)
-    dm = TaskDataModule(train, dev, optim.micro_batch, optim.global_batch, cfg.finetune.eval_batch, seed,
-                        body.cfg.pad_id)
-    callbacks = [common.ScheduledCheckpoints(run.ckpt_dir, t.ckpt_every, t.ckpt_steps, t.max_minutes, t.stop_at,
-                                             keep_steps=False)]
-    trainer = common.make_trainer(cfg, run, callbacks, common.world_size(t), progress_bar)
-    common.fit(trainer, module, dm, run)
-    if trainer.global_step >= optim.updates and trainer.is_global_zero:
-        device = next(body.parameters()).device
-        english = {"dev": evaluate(data, body, head, dev_records, dev, "en", cfg.finetune.eval_batch, device),
-                   "test": evaluate(data, body, head, test_records, test, "en", cfg.finetune.eval_batch, device)}
-        common.atomic_torch_save({**meta, "body_state": {k: v.cpu() for k, v in body.state_dict().items()},
-                                  "head_state": {k: v.cpu() for k, v in head.state_dict().items()},
-                                  "english": english, "step": trainer.global_step}, run_dir / "model.pt")
-        common.write_done(run_dir, {"step": trainer.global_step, "english": english})
-        print(f"[minimodel] {task} seed {seed}: English dev {english['dev']}, test {english['test']}", flush=True)
-    return run_dir
+def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool = True) -> StageResult:
+    run_dir = runs(cfg).finetune(task, seed, cfg.body)
+
+    def prepare() -> TaskData:
+        check_task_fits(cfg, task)
+        return TaskData(task, cfg.tasks[task])
+
+    def build(data: TaskData) -> Training:  # seeded: building the body draws, and so does the head's init
+        body, source = finetune_body(cfg)
+        tok = load_source_tokenizer(cfg, body, source)
+        train_records = data.records("train")
+        if cfg.tasks[task].max_train_examples:
+            train_records = train_records[: cfg.tasks[task].max_train_examples]
+        dev_records, test_records = data.records("dev"), data.records("test", "en")
+        train, dev, test = (data.features(r, tok) for r in (train_records, dev_records, test_records))
+        optim = finetune_optim(cfg, task, len(train))
+        steps_per_epoch = max(1, optim.updates // max(1, math.ceil(cfg.finetune.epochs)))
+        t = replace(cfg.finetune.trainer, val_every=min(cfg.finetune.trainer.val_every, steps_per_epoch))
+        n_train = freeze_all_but(body, finetune_trainable)
+        head = task_head(data, body.cfg.hidden, body.cfg.dropout)
+        meta = {"system": cfg.system, "task": task, "seed": seed, "body": cfg.body, "source": source,
+                "model_config": asdict(body.cfg), "labels": list(data.labels), "qa": data.is_qa,
+                "tokenizer": {"path": str(tok.path), "sha256": tok.sha256}}
+        log.info(f"finetune {cfg.system} ({cfg.body}) on {task}, seed {seed}: {len(train):,} training features, "
+                 f"{optim.updates} updates, {n_train + sum(p.numel() for p in head.parameters()):,} trainable parameters")
+        module = FinetuneModule(body, head, data.is_qa, len(data.labels), optim, meta)
+        dm = TaskDataModule(train, dev, optim.micro_batch, optim.global_batch, cfg.finetune.eval_batch, seed,
+                            body.cfg.pad_id)
+
+        def finish(trainer: L.Trainer) -> dict:
+            device = next(body.parameters()).device
+            english = {"dev": evaluate(data, body, head, dev_records, dev, "en", cfg.finetune.eval_batch, device),
+                       "test": evaluate(data, body, head, test_records, test, "en", cfg.finetune.eval_batch, device)}
+            model = Finetuned(**meta, body_state={k: v.cpu() for k, v in body.state_dict().items()},
+                              head_state={k: v.cpu() for k, v in head.state_dict().items()},
+                              english=english, step=trainer.global_step)
+            atomic_torch_save(model.to_dict(), finetuned_model(run_dir))
+            log.info(f"{task} seed {seed}: English dev {english['dev']}, test {english['test']}")
+            return {"english": english}
+
+        return Training(module, dm, optim, t, keep_steps=False, finish=finish)
+
+    name = f"finetune/{task}/seed{seed}" + ("/mini" if cfg.body == "mini" else "")
+    return Runner(cfg, Stage(name, run_dir, seed), prepare, build).run(progress_bar)
 
 
-def load_finetuned(path: Path) -> tuple[RobertaMLM, nn.Module, dict]:
-    """Body and task head of a finished step-3 run (``model.pt``)."""
-    from minimodel.model import ClassificationHead, ModelConfig, SpanHead
-
-    ckpt = common.load_checkpoint(path)
-    if "body_state" not in ckpt:
-        raise common.CheckpointError(f"{path} is not a finetuned model (no body_state)")
-    body = RobertaMLM(ModelConfig(**ckpt["model_config"]))
-    body.load_state_dict(ckpt["body_state"])
-    body.tie_weights()
-    cfg = body.cfg
-    head: nn.Module = SpanHead(cfg.hidden) if ckpt["qa"] else ClassificationHead(cfg.hidden, len(ckpt["labels"]), cfg.dropout)
-    head.load_state_dict(ckpt["head_state"])
-    return body, head, ckpt
-
-
-def run_all_finetuning(cfg: ExperimentConfig, progress_bar: bool = True) -> list[Path]:
-    """``task=`` / ``seed=`` select one run; otherwise every task of finetune.tasks x finetune.seeds."""
+def run_all_finetuning(cfg: ExperimentConfig, progress_bar: bool = True) -> list[StageResult]:
+    """``task=`` / ``seed=`` select one run; otherwise every task of finetune.tasks x finetune.seeds, in order,
+    until one is stopped early (a signal or a wall-time cap: the rest wait for the rerun)."""
     tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
     seeds = [cfg.seed] if cfg.seed else list(cfg.finetune.seeds)
     if not tasks:
         raise ConfigError("no task to finetune: set task=NAME or finetune.tasks")
-    return [run_finetune(cfg, t, s, progress_bar) for t in tasks for s in seeds]
+    results = []
+    for task in tasks:
+        for seed in seeds:
+            results.append(run_finetune(cfg, task, seed, progress_bar))
+            if results[-1].outcome is Outcome.STOPPED:
+                return results
+    return results

@@ -1,0 +1,246 @@
+"""Checkpoint files: atomic writes, loads with clear errors, RNG state, and the typed payloads.
+
+Three payloads are minimodel's own, each a dataclass with a ``format`` version written with it and
+checked when read:
+
+* ``TrainingMeta``: the ``minimodel`` entry of a Lightning training checkpoint (steps 1, 1b, 2, 3);
+* ``Adaptation``: an adaptation checkpoint ``embeddings/step{N}.pt`` (what step 4 plugs in);
+* ``Finetuned``: a finished step-3 model ``model.pt``.
+
+``FORMAT`` is the version this code writes. Files written before versions were checked (format 1, or
+no ``format`` at all) are migrated when read; a newer or unknown format is refused with an error that
+names the file. Bump ``FORMAT`` and add a migration in ``_migrate`` whenever a payload changes."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import torch
+
+from minimodel.errors import CheckpointError
+from minimodel.model import ClassificationHead, ModelConfig, RobertaMLM, SpanHead
+
+FORMAT = 2  # 1: before typed payloads (adaptation checkpoints wrote format 1, the others none)
+
+__all__ = ["FORMAT", "CheckpointError", "TrainingMeta", "Adaptation", "Finetuned", "atomic_torch_save",
+           "load_checkpoint", "load_trained_model", "load_adaptation", "load_finetuned", "link_or_copy", "rng_state", "set_rng_state"]
+
+
+# ------------------------------------------------------------------------------------------------ files
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """torch.save to a temporary file in the same folder, fsync, then rename over the target: a crash or a
+    full disk leaves the previous file untouched and no partial file behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"writing checkpoint {path} failed: {e}; the previous checkpoint is untouched") from e
+
+
+def load_checkpoint(path: Path) -> dict:
+    """torch.load with a clear error for missing, truncated or corrupt files."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # truncated zip, bad pickle, ...
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: {e}); "
+                              f"delete it to fall back to an earlier one") from e
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(f"checkpoint {path} does not hold a checkpoint dictionary")
+    return ckpt
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` becomes the same file as ``src`` (a hard link where possible), atomically."""
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ------------------------------------------------------------------------------------------------ payloads
+
+P = TypeVar("P", bound="Payload")
+
+
+@dataclass
+class Payload:
+    """A versioned record saved as a plain dict (``kind`` and ``format`` included)."""
+
+    KIND: ClassVar[str] = ""
+    REQUIRED: ClassVar[tuple[str, ...]] = ()  # keys without which an old file is not this payload
+
+    def to_dict(self) -> dict:
+        return {"kind": self.KIND, "format": FORMAT, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+    @classmethod
+    def from_dict(cls: type[P], d: Any, where: str | Path) -> P:
+        if not isinstance(d, dict):
+            raise CheckpointError(f"{where} is not a minimodel {cls.KIND} payload")
+        d = _migrate(cls, dict(d), where)
+        names = {f.name for f in fields(cls)}
+        missing = [f.name for f in fields(cls)
+                   if f.name not in d and f.default is MISSING and f.default_factory is MISSING]
+        if missing:
+            raise CheckpointError(f"{where} is not a complete {cls.KIND} payload (missing {sorted(missing)})")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _migrate(cls: type[Payload], d: dict, where: str | Path) -> dict:
+    """Bring a payload read from ``where`` to ``FORMAT``, or refuse it clearly."""
+    version = d.get("format", 1)
+    kind = d.get("kind", cls.KIND if version == 1 else None)
+    if not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"{where}: unknown checkpoint format {version!r}")
+    if version > FORMAT:
+        raise CheckpointError(f"{where} was written by a newer minimodel (format {version}; this one reads up to "
+                              f"{FORMAT}): upgrade minimodel to read it")
+    if kind != cls.KIND:
+        raise CheckpointError(f"{where} holds a {kind or 'unknown'} payload, not a {cls.KIND} payload")
+    if version == 1:  # written before payloads were typed: same fields, no kind; check it is what it claims
+        missing = [k for k in cls.REQUIRED if k not in d]
+        if missing:
+            raise CheckpointError(f"{where} is not a {cls.KIND} payload (missing {sorted(missing)})")
+        d = {**d, "kind": cls.KIND, "format": FORMAT}
+    return d
+
+
+@dataclass
+class TrainingMeta(Payload):
+    """The ``minimodel`` entry of a Lightning training checkpoint."""
+
+    KIND: ClassVar[str] = "training"
+    REQUIRED: ClassVar[tuple[str, ...]] = ("stage", "system", "model_config")
+
+    stage: str
+    system: str
+    model_config: dict
+    lang: str = ""
+    tokenizer: dict = field(default_factory=dict)  # path, sha256 (and vocab_size for adaptation)
+    step: int = 0
+    flops: float = 0.0
+    extra: dict = field(default_factory=dict)  # what one stage adds (bridge depth, task labels, body source, ...)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: dict, where: str | Path) -> TrainingMeta:
+        meta = ckpt.get("minimodel")
+        if not isinstance(meta, dict) or "model_config" not in meta:
+            raise CheckpointError(f"{where} is not a minimodel training checkpoint (no 'minimodel' metadata)")
+        if meta.get("format", 1) == 1:  # before: one flat dict, stage-specific keys beside the common ones
+            common = {f.name for f in fields(cls)} | {"format", "kind"}
+            meta = {**{k: v for k, v in meta.items() if k in common},
+                    "extra": {k: v for k, v in meta.items() if k not in common}}
+        return cls.from_dict(meta, where)
+
+
+@dataclass
+class Adaptation(Payload):
+    """An adaptation checkpoint: the target-language embeddings and output bias at one update of step 2."""
+
+    KIND: ClassVar[str] = "adaptation"
+    REQUIRED: ClassVar[tuple[str, ...]] = ("embeddings", "bias", "tokenizer", "step", "flops", "lang", "system")
+
+    system: str
+    lang: str
+    embeddings: torch.Tensor  # (V_trg, h)
+    bias: torch.Tensor  # (V_trg,)
+    tokenizer: dict  # path, sha256, vocab_size of the target tokenizer
+    step: int
+    flops: float  # cumulative adaptation FLOPs up to ``step`` (A3)
+    v100_days: float = 0.0
+    stage: str = "adapt"
+    body: str = ""  # the checkpoint the frozen body came from
+    body_layers: int = 0
+    primary: str = ""  # the primary model the embeddings are meant for
+    overlapping_pieces: int = 0
+
+
+@dataclass
+class Finetuned(Payload):
+    """A finished step-3 model: body and task head weights, labels, tokenizer and English scores."""
+
+    KIND: ClassVar[str] = "finetuned"
+    REQUIRED: ClassVar[tuple[str, ...]] = ("body_state", "head_state", "model_config", "labels", "qa")
+
+    system: str
+    task: str
+    seed: int
+    model_config: dict
+    labels: list
+    qa: bool
+    body_state: dict
+    head_state: dict
+    body: str = "primary"
+    source: str = ""  # the checkpoint the finetuned body came from
+    tokenizer: dict = field(default_factory=dict)
+    english: dict = field(default_factory=dict)  # {"dev": {metric: value}, "test": {...}}
+    step: int = 0
+    stage: str = "finetune"
+
+
+
+# ------------------------------------------------------------------------------------------------ models
+
+
+def load_trained_model(path: Path) -> tuple[RobertaMLM, TrainingMeta]:
+    """The ``RobertaMLM`` and metadata of a training checkpoint (step 1 or 1b)."""
+    ckpt = load_checkpoint(path)
+    meta = TrainingMeta.from_checkpoint(ckpt, path)
+    model = RobertaMLM(ModelConfig(**meta.model_config))
+    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: weights do not fit the model config stored with them: {e}") from e
+    model.tie_weights()
+    return model, meta
+
+
+def load_adaptation(path: Path) -> Adaptation:
+    return Adaptation.from_dict(load_checkpoint(path), path)
+
+
+def load_finetuned(path: Path) -> tuple[RobertaMLM, torch.nn.Module, Finetuned]:
+    """Body and task head of a finished step-3 run (``model.pt``)."""
+    ft = Finetuned.from_dict(load_checkpoint(path), path)
+    body = RobertaMLM(ModelConfig(**ft.model_config))
+    body.load_state_dict(ft.body_state)
+    body.tie_weights()
+    cfg = body.cfg
+    head: torch.nn.Module = SpanHead(cfg.hidden) if ft.qa else ClassificationHead(cfg.hidden, len(ft.labels), cfg.dropout)
+    head.load_state_dict(ft.head_state)
+    return body, head, ft

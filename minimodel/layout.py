@@ -1,0 +1,161 @@
+"""The one owner of every path minimodel reads or writes under ``runs_dir`` and ``data.prepared_dir``.
+
+::
+
+    {runs_dir}/{name}/                          one experiment (every system of a study shares ``name``)
+        report.md, plots/{task}.png             `minimodel report`
+        slurm/                                  `minimodel submit`: batch scripts and job logs
+        {label}/                                one system (``minijoint``, or ``minijoint-n6`` in a sweep)
+            pretrain/ bridge/                   steps 1 and 1b         (a *stage run*, see below)
+            adapt/{lang}/                       step 2 per language    (+ embeddings/step{N:07d}.pt, adapt_info.json)
+            finetune/{task}/seed{S}/            step 3                 (+ model.pt)
+            finetune_mini/{task}/seed{S}/       step 3 of MiniJoint's mini-model alone (Table 5)
+            results.jsonl                       step 4
+    stage run: config.yaml, metrics.csv, done.json, checkpoints/{last,step{N:07d}}.ckpt, wandb/
+
+    {prepared_dir}/{lang}/spm.model, shards/    `minimodel prepare` (SentencePiece)
+    {prepared_dir}/{lang}/hf-{name}/shards/     the source language encoded with a Hugging Face tokenizer
+
+Which system's directories another system *shares* (MiniPost reuses BL_BASE's pretraining and
+finetuned models) is a property of the systems, decided in ``systems.py``; this module only knows
+how paths are spelled. Nothing here imports torch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+DONE = "done.json"
+CONFIG = "config.yaml"
+METRICS = "metrics.csv"
+LAST = "last.ckpt"
+FINETUNED = "model.pt"
+ADAPT_INFO = "adapt_info.json"
+RESULTS = "results.jsonl"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths of one experiment: ``{runs_dir}/{name}``."""
+
+    runs_dir: Path
+    name: str
+
+    @classmethod
+    def of(cls, cfg: object) -> Layout:
+        return cls(Path(cfg.runs_dir), cfg.name)  # type: ignore[attr-defined]
+
+    @property
+    def root(self) -> Path:
+        return self.runs_dir / self.name
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.md"
+
+    @property
+    def slurm(self) -> Path:
+        return self.root / "slurm"
+
+    def system(self, label: str) -> Path:
+        return self.root / label
+
+    def pretrain(self, label: str) -> Path:
+        return self.system(label) / "pretrain"
+
+    def bridge(self, label: str) -> Path:
+        return self.system(label) / "bridge"
+
+    def adapt(self, label: str, lang: str) -> Path:
+        return self.system(label) / "adapt" / lang
+
+    def finetune(self, label: str, task: str, seed: int, body: str = "primary") -> Path:
+        return self.system(label) / ("finetune" if body == "primary" else f"finetune_{body}") / task / f"seed{seed}"
+
+    def results(self, label: str) -> Path:
+        return self.system(label) / RESULTS
+
+    def all_results(self) -> list[Path]:
+        return sorted(self.root.glob(f"*/{RESULTS}"))
+
+
+# ------------------------------------------------------------------------------------ inside a stage run
+
+
+def checkpoints(run_dir: Path) -> Path:
+    return run_dir / "checkpoints"
+
+
+def last_checkpoint(run_dir: Path) -> Path:
+    return checkpoints(run_dir) / LAST
+
+
+def step_checkpoint(run_dir: Path, step: int) -> Path:
+    return checkpoints(run_dir) / f"step{step:07d}.ckpt"
+
+
+def embeddings_dir(adapt_run: Path) -> Path:
+    """Adaptation checkpoints of one language's step-2 run."""
+    return adapt_run / "embeddings"
+
+
+def adaptation_checkpoint(adapt_run: Path, step: int) -> Path:
+    return embeddings_dir(adapt_run) / f"step{step:07d}.pt"
+
+
+def adaptation_checkpoints(adapt_run: Path) -> list[Path]:
+    """The adaptation checkpoints of one language's step-2 run, by step."""
+    return sorted(embeddings_dir(adapt_run).glob("step*.pt"))
+
+
+def checkpoint_step(path: Path) -> int:
+    """The update count in a ``step{N}`` file name."""
+    return int(path.stem.removeprefix("step"))
+
+
+def finetuned_model(finetune_run: Path) -> Path:
+    return finetune_run / FINETUNED
+
+
+def is_done(run_dir: Path) -> bool:
+    return (run_dir / DONE).is_file()
+
+
+def read_done(run_dir: Path) -> dict | None:
+    """What a finished stage run recorded (stage, step, checkpoint, flops, final metrics, ...), or None."""
+    path = run_dir / DONE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def write_done(run_dir: Path, info: dict) -> None:
+    tmp = run_dir / f".{DONE}.tmp"
+    tmp.write_text(json.dumps(info, indent=1, default=str))
+    os.replace(tmp, run_dir / DONE)
+
+
+# ------------------------------------------------------------------------------------ prepared data
+
+
+@dataclass(frozen=True)
+class Prepared:
+    lang: str
+    tokenizer: str  # a SentencePiece .model path, or a Hugging Face tokenizer directory / hub id
+    shards: Path
+    hf: bool = False
+
+
+def _slug(ref: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(ref.rstrip("/")).name or "tokenizer")
+    return f"{name}-{hashlib.sha1(ref.encode()).hexdigest()[:8]}"
+
+
+def prepared(prepared_dir: str | Path, lang: str, hf_tokenizer: str = "") -> Prepared:
+    """Tokenizer and shards of ``lang``; ``hf_tokenizer``: the Hugging Face tokenizer of the source language."""
+    root = Path(prepared_dir) / lang
+    if hf_tokenizer:
+        return Prepared(lang, hf_tokenizer, root / f"hf-{_slug(hf_tokenizer)}" / "shards", hf=True)
+    return Prepared(lang, str(root / "spm.model"), root / "shards")

@@ -1,0 +1,160 @@
+"""The systems, declared once. This is the only module that knows system names.
+
+A system says where its step-2 body comes from, which primary model its adapted embeddings plug
+into, which runs it shares with another system, and which steps it has; its costs follow from its
+steps (A1 for pretraining, A4 for MiniPost's bridge, A3 for adaptation over the step-2 body's
+depth). Stages, pipeline, evaluation, report and launcher ask this module, never ``cfg.system``.
+
+Adding a system: one ``System(...)`` entry in ``REGISTRY`` (see docs/architecture.md), plus stage
+code only for what is really new (a new ``Body`` kind needs a loader in ``stages/adapt.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from minimodel.config import ConfigError, ExperimentConfig, is_hf_source
+from minimodel.layout import Layout, last_checkpoint
+
+
+class Body(Enum):
+    """Where step 2 (embedding adaptation) gets its frozen body."""
+
+    OWN = "own"  # the system's own pretrained model (standard adaptation)
+    HEAD = "head"  # layers 1..N of its own pretrained model + the secondary MLM head after layer N (MiniJoint)
+    BRIDGE = "bridge"  # the mini-model built and trained by step 1b (MiniPost)
+
+
+FORMULAS = {"pretrain": "A1", "bridge": "A4", "adapt": "A3"}  # the paper's appendix A.1
+
+
+@dataclass(frozen=True)
+class System:
+    name: str  # the value of ``system:`` in a config
+    title: str  # as the paper writes it
+    body: Body
+    mini_heads: int  # how many secondary MLM heads ``model.mini_heads`` must hold
+    primary_from: str = ""  # "" = its own step 1; a system name = that system's pretraining and finetuned models
+    bridge: bool = False  # has step 1b
+    mini_finetune: bool = False  # its mini-model can be finetuned on its own (``body=mini``, Table 5)
+    reference: bool = False  # the reference of every near-maximal target and speedup
+
+    def steps(self, external_primary: bool = False) -> tuple[str, ...]:
+        """The training steps, in order (prepare, evaluate and report come with every system)."""
+        own_pretrain = not self.primary_from and not external_primary
+        return (("pretrain",) if own_pretrain else ()) + (("bridge",) if self.bridge else ()) + ("adapt", "finetune")
+
+
+REGISTRY: dict[str, System] = {s.name: s for s in (
+    System("bl_base", "BL_BASE", Body.OWN, mini_heads=0, reference=True),
+    System("bl_small", "BL_SMALL", Body.OWN, mini_heads=0),
+    System("minijoint", "MiniJoint", Body.HEAD, mini_heads=1, mini_finetune=True),
+    System("minipost", "MiniPost", Body.BRIDGE, mini_heads=0, primary_from="bl_base", bridge=True),
+)}
+ORDER = tuple(REGISTRY)  # the paper's order, used by tables
+REFERENCE = next(s.name for s in REGISTRY.values() if s.reference)
+
+
+def get(name: str) -> System:
+    if name not in REGISTRY:
+        raise ConfigError(f"unknown system {name!r}; valid systems: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def of(cfg: ExperimentConfig) -> System:
+    return get(cfg.system)
+
+
+def validate(cfg: ExperimentConfig, source: str) -> None:
+    """The system-specific checks of a loaded config (called by ``config.load_config``)."""
+    def fail(msg: str) -> None:
+        raise ConfigError(f"{source}: {msg}")
+
+    if cfg.system not in REGISTRY:
+        fail(f"system must be one of {', '.join(REGISTRY)}, got {cfg.system!r}")
+    s = of(cfg)
+    heads = cfg.model.mini_heads
+    if s.mini_heads and len(heads) != s.mini_heads:
+        fail(f"system {s.name} needs exactly {s.mini_heads} secondary head(s) (model.mini_heads: [N]), got {heads}")
+    if not s.mini_heads and heads:
+        fail(f"model.mini_heads is only for systems with secondary heads; system {s.name} has {heads}")
+    if s.bridge and not 1 <= cfg.bridge.depth < cfg.model.layers:
+        fail(f"bridge.depth must be in 1..{cfg.model.layers - 1}, got {cfg.bridge.depth}")
+    if cfg.model.vocab_size != cfg.data.vocab_size and not source_tokenizer(cfg):
+        # (with a Hugging Face source tokenizer the model's vocabulary is that tokenizer's, checked when loaded)
+        fail(f"model.vocab_size ({cfg.model.vocab_size}) must equal data.vocab_size ({cfg.data.vocab_size})")
+    if cfg.body == "mini" and not s.mini_finetune:
+        fail(f"body=mini (finetuning the mini-model on its own) is for "
+             f"{', '.join(n for n, x in REGISTRY.items() if x.mini_finetune)}")
+
+
+def external_primary(cfg: ExperimentConfig) -> bool:
+    """The primary model is a file or a public model named by ``bridge.source``, not a run of this experiment."""
+    return of(cfg).bridge and bool(cfg.bridge.source)
+
+
+def source_tokenizer(cfg: ExperimentConfig) -> str:
+    """The source language's Hugging Face tokenizer, "" for the SentencePiece model `prepare` trains."""
+    if cfg.data.source_tokenizer:
+        return cfg.data.source_tokenizer
+    if external_primary(cfg) and is_hf_source(cfg.bridge.source):
+        return cfg.bridge.source
+    return ""
+
+
+def adapt_depth(cfg: ExperimentConfig) -> int:
+    """Layers of the step-2 body: N for a head, N + bridge layers for a bridge, else the whole model."""
+    body = of(cfg).body
+    if body is Body.HEAD:
+        return cfg.model.mini_heads[0]
+    if body is Body.BRIDGE:
+        return cfg.bridge.depth + cfg.bridge.layers
+    return cfg.model.layers
+
+
+def mini_head(cfg: ExperimentConfig) -> str:
+    """The MLM head of the mini-model (a ``Body.HEAD`` system)."""
+    return f"l{adapt_depth(cfg)}"
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Where one system's steps read and write, shared runs resolved."""
+
+    layout: Layout
+    label: str  # this system's own directory
+    pretrain: Path | None  # the step-1 run that produces the primary model (maybe another system's); None: external
+    primary: str  # the primary model: a training checkpoint, or ``bridge.source`` (file or Hugging Face model)
+    body: Path  # the run whose finished checkpoint is the step-2 body (step 1 or step 1b)
+    finetune_label: str  # the system directory holding the finetuned primary models (shared with BL_BASE)
+
+    @property
+    def bridge(self) -> Path:
+        return self.layout.bridge(self.label)
+
+    def adapt(self, lang: str) -> Path:
+        return self.layout.adapt(self.label, lang)
+
+    def finetune(self, task: str, seed: int, body: str = "primary") -> Path:
+        """A finetuned primary model lives with the system that owns the primary; a mini-model with this one."""
+        return self.layout.finetune(self.finetune_label if body == "primary" else self.label, task, seed, body)
+
+    @property
+    def results(self) -> Path:
+        return self.layout.results(self.label)
+
+
+def runs(cfg: ExperimentConfig) -> Runs:
+    s, layout = of(cfg), Layout.of(cfg)
+    if external_primary(cfg):
+        pretrain, primary, owner = None, cfg.bridge.source, cfg.label
+    elif s.primary_from:  # shared: the other system's untagged run (a sweep varies only this system's part)
+        pretrain, owner = layout.pretrain(s.primary_from), s.primary_from
+        primary = str(last_checkpoint(pretrain))
+    else:
+        pretrain, owner = layout.pretrain(cfg.label), cfg.label
+        primary = str(last_checkpoint(pretrain))
+    body = layout.bridge(cfg.label) if s.body is Body.BRIDGE else pretrain
+    assert body is not None
+    return Runs(layout, cfg.label, pretrain, primary, body, owner)

@@ -1,0 +1,186 @@
+"""Callbacks of every training stage: scheduled checkpoints and clean early stops, FLOP and throughput
+accounting, and a progress bar that stays readable in log files."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+
+from minimodel.checkpoints import link_or_copy, rng_state, set_rng_state
+from minimodel.flops import v100_days
+from minimodel.layout import LAST
+from minimodel.log import get_logger
+
+log = get_logger(__name__)
+
+
+class ScheduledCheckpoints(Callback):
+    """``step{N:07d}.ckpt`` every ``every`` updates and at ``extra`` updates, ``last.ckpt`` beside each, and a
+    final one when training ends. Also stops cleanly (checkpoint first) on SIGTERM/SIGUSR1, a wall-time cap
+    or ``stop_at``; ``stop_requested`` then says why. ``export(step)``, when given, runs on rank 0 at every
+    save and at the start of a fresh run (adaptation writes its small embedding checkpoints there)."""
+
+    def __init__(self, dirpath: Path, every: int, extra: Iterable[int] = (), max_minutes: float = 0.0,
+                 stop_at: int = 0, keep_steps: bool = True, export: Callable[[int], Any] | None = None) -> None:
+        self.dirpath, self.every, self.extra = Path(dirpath), every, set(extra)
+        self.keep_steps = keep_steps  # False: only last.ckpt (``export`` keeps the history)
+        self.export = export
+        self.max_seconds, self.stop_at = max_minutes * 60, stop_at
+        self.started = time.monotonic()
+        self.last_step = -1
+        self.last_saved = -1
+        self.stop_requested: str | None = None
+        self._old_handlers: dict[int, Any] = {}
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.last_step = trainer.global_step
+        if trainer.is_global_zero:
+            self.dirpath.mkdir(parents=True, exist_ok=True)
+        fresh = trainer.ckpt_path is None  # on resume, global_step is not restored yet at this point
+        if fresh and self.export is not None and trainer.is_global_zero:
+            self.export(0)  # the starting point of the curve
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After Lightning registered its own handlers (which would raise SIGTERMException mid-epoch and
+        # requeue from a hpc checkpoint): ours let the current update finish, checkpoint, then stop.
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            try:
+                self._old_handlers[sig] = signal.signal(sig, self._request_stop)
+            except ValueError:  # not in the main thread
+                pass
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+
+    def _request_stop(self, signum: int, frame: Any) -> None:
+        self.stop_requested = signal.Signals(signum).name
+
+    def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        step = trainer.global_step
+        if self.export is not None and trainer.is_global_zero:
+            self.export(step)
+        if not self.keep_steps:
+            trainer.save_checkpoint(self.dirpath / LAST, weights_only=False)  # full state: resumable
+        else:
+            path = self.dirpath / f"step{step:07d}.ckpt"
+            trainer.save_checkpoint(path, weights_only=False)
+            if trainer.is_global_zero:
+                link_or_copy(path, self.dirpath / LAST)
+            trainer.strategy.barrier()
+        self.last_saved = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        step = trainer.global_step
+        if step == self.last_step:  # inside gradient accumulation: not an update boundary
+            return
+        self.last_step = step
+        if step % self.every == 0 or step in self.extra:
+            self.save(trainer, pl_module)
+        if trainer.world_size > 1:  # every rank must stop at the same update
+            stop = trainer.strategy.reduce_boolean_decision(self.stop_requested is not None, all=False)
+            if stop and self.stop_requested is None:
+                self.stop_requested = "a signal on another rank"
+        if self.stop_at and step >= self.stop_at:
+            self.stop_requested = self.stop_requested or f"stop_at={self.stop_at}"
+        if self.max_seconds and time.monotonic() - self.started > self.max_seconds:
+            self.stop_requested = self.stop_requested or f"wall-time cap of {self.max_seconds / 60:g} min"
+        if self.stop_requested:
+            if self.last_saved != step:
+                self.save(trainer, pl_module)
+            trainer.should_stop = True
+
+    def state_dict(self) -> dict:
+        """RNG states travel with the checkpoint so that dropout after a resume continues exactly."""
+        return {"rng": rng_state()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if "rng" in state_dict:
+            set_rng_state(state_dict["rng"])
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.stop_requested:
+            log.info(f"stopped at update {trainer.global_step} ({self.stop_requested}); rerun the same command to resume")
+        if self.last_saved != trainer.global_step:
+            self.save(trainer, pl_module)
+
+
+class StageProgress(Callback):
+    """Logs, at each update boundary: cumulative FLOPs and V100-days, tokens seen and throughput."""
+
+    def __init__(self, flops_per_update: float, tokens_per_update: int, flops_offset: float = 0.0,
+                 log_every: int = 10) -> None:
+        self.flops_per_update, self.tokens_per_update = flops_per_update, tokens_per_update
+        self.flops_offset, self.log_every = flops_offset, log_every
+        self.last_step, self.t0, self.step0 = -1, 0.0, 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.last_step = self.step0 = trainer.global_step
+        self.t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        step = trainer.global_step
+        if step == self.last_step:
+            return
+        self.last_step = step
+        if step % self.log_every and step != trainer.max_steps:
+            return
+        now = time.perf_counter()
+        flops = self.flops_offset + step * self.flops_per_update
+        metrics = {
+            "flops/cumulative": flops,
+            "flops/v100_days": v100_days(flops),
+            "train/tokens": float(step * self.tokens_per_update),
+            "train/updates": float(step),
+        }
+        if step > self.step0 and now > self.t0:
+            rate = (step - self.step0) * self.tokens_per_update / (now - self.t0)
+            metrics["perf/tokens_per_sec"] = rate
+            metrics["perf/flops_per_sec"] = rate * self.flops_per_update / self.tokens_per_update
+        self.t0, self.step0 = now, step
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
+
+
+class StageBar(TQDMProgressBar):
+    """One bar per stage, counted in updates, showing the loss(es) and tokens/s; validation runs without a
+    bar of its own (no nested bars spilling into log files), and the bar redraws at most twice a second."""
+
+    SHOWN = ("train/loss", "train/loss_mini", "perf/tokens_per_sec")
+
+    def __init__(self, stage: str, accumulation: int = 1) -> None:
+        super().__init__(refresh_rate=max(1, accumulation))
+        self.stage = stage
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
+        super().on_train_epoch_start(trainer)
+        self.train_progress_bar.set_description(self.stage)
+
+    def _should_update(self, current: int, total: int) -> bool:
+        if current == total:
+            return self.is_enabled
+        now = time.monotonic()
+        if not super()._should_update(current, total) or now - getattr(self, "_drawn", 0.0) < 0.5:
+            return False
+        self._drawn = now
+        return True
+
+    def init_validation_tqdm(self):  # type: ignore[no-untyped-def]
+        bar = super().init_validation_tqdm()
+        bar.disable = True
+        return bar
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
+        metrics = super().get_metrics(trainer, pl_module)
+        out: dict = {}
+        for key in self.SHOWN:
+            if key in metrics:
+                value = metrics[key]
+                out[key.split("/")[-1].replace("tokens_per_sec", "tok/s")] = (
+                    f"{float(value):,.0f}" if "tokens" in key else value)
+        return out

@@ -1,0 +1,97 @@
+"""Where a stage's metrics go: ``metrics.csv`` in its run directory (kept across resumes) and wandb."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+from pathlib import Path
+
+from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter as _CSVWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+
+from minimodel.config import ExperimentConfig
+from minimodel.layout import METRICS
+
+
+def wandb_mode(requested: str) -> str:
+    """auto -> online only when an API key is configured (env or netrc), else offline."""
+    if requested != "auto":
+        return requested
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "online"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    netrc = Path.home() / ".netrc"
+    if netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore"):
+        return "online"
+    return "offline"
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The wandb run of a stage run: derived from its directory, so that every rank and every requeue of the
+    same run logs to the same wandb run (a run started by older code keeps the id it wrote to wandb_id.txt)."""
+    legacy = run_dir / "wandb_id.txt"
+    if legacy.is_file():
+        return legacy.read_text().strip()
+    return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+
+
+class _AppendingWriter(_CSVWriter):
+    """Lightning's CSV writer deletes an existing metrics.csv; this one keeps it and appends."""
+
+    def _check_log_dir_exists(self) -> None:
+        if os.path.isfile(self.metrics_file_path):
+            with open(self.metrics_file_path, newline="") as f:
+                self.metrics_keys = sorted(csv.DictReader(f).fieldnames or [])
+
+
+class MetricsCSV(CSVLogger):
+    """``{run_dir}/metrics.csv``, one row per logging step, kept across resumes (rank 0 writes it)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(save_dir=str(run_dir), name="", version="")
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> _CSVWriter:
+        if self._experiment is None:
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+def truncate_metrics(run_dir: Path, step: int) -> None:
+    """Drop rows logged at or after ``step`` (they belong to updates after the checkpoint we resume from).
+
+    Known gap: Lightning writes the row of the update that completes checkpoint ``step`` right after the
+    callbacks that saved it; a process killed in that window (about a millisecond) loses that one row,
+    since the resumed run starts after the update. Weights, optimiser, data position and RNG are exact."""
+    path = run_dir / METRICS
+    if not path.is_file():
+        return
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames or [], [r for r in reader if r.get("step") and int(r["step"]) < step]
+    tmp = path.with_name(f".{METRICS}.tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+def make_loggers(cfg: ExperimentConfig, run_dir: Path, run_name: str) -> list[Logger]:
+    """metrics.csv, and wandb unless disabled (Lightning creates the wandb run on rank 0 only)."""
+    loggers: list[Logger] = [MetricsCSV(run_dir)]
+    mode = wandb_mode(cfg.logging.wandb)
+    if mode != "disabled":
+        from lightning.pytorch.loggers import WandbLogger
+
+        loggers.append(WandbLogger(
+            project=cfg.logging.project or f"minimodel-{cfg.name}", entity=cfg.logging.entity or None,
+            group=cfg.system, name=run_name, id=wandb_run_id(run_dir), resume="allow", save_dir=str(run_dir),
+            mode=mode, config={"run_dir": str(run_dir)},
+        ))
+    return loggers

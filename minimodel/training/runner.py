@@ -1,0 +1,159 @@
+"""The one stage runner: skip a finished run, write its config, seed, build, train or resume, record
+``done.json``, and say how it ended.
+
+A stage module supplies two functions: ``prepare()`` reads what the stage needs (checkpoints,
+tokenizers, task data; it runs before seeding) and ``build(inputs)`` constructs what trains (it runs
+right after ``seed_everything``, so every random draw of model and head construction is seeded).
+Everything else is here, the same for every stage."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from minimodel.checkpoints import load_checkpoint
+from minimodel.config import ExperimentConfig, OptimConfig, TrainerConfig, save_config
+from minimodel.layout import CONFIG, checkpoints, is_done, last_checkpoint, read_done, write_done
+from minimodel.log import get_logger, process_rank, quiet_lightning
+from minimodel.training.callbacks import ScheduledCheckpoints, StageBar, StageProgress
+from minimodel.training.checkpoint_io import AtomicCheckpointIO
+from minimodel.training.loggers import make_loggers, truncate_metrics
+from minimodel.training.optim import accumulation
+
+log = get_logger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage run: its name (``pretrain``, ``adapt/de``, ``finetune/xnli/seed1``), directory and seed."""
+
+    name: str
+    run_dir: Path
+    seed: int
+
+
+@dataclass
+class Training:
+    """What a stage's ``build`` hands the runner."""
+
+    module: L.LightningModule
+    datamodule: L.LightningDataModule
+    optim: OptimConfig
+    trainer: TrainerConfig
+    flops_per_update: float = 0.0  # 0: no FLOP accounting (finetuning)
+    tokens_per_update: int = 0
+    keep_steps: bool = True  # keep step{N}.ckpt files (False: last.ckpt only)
+    export: Callable[[int], Any] | None = None  # rank 0, at every checkpoint and at update 0 of a fresh run
+    finish: Callable[[L.Trainer], dict] | None = None  # rank 0, after the last update: more done.json fields
+
+
+class Outcome(Enum):
+    FINISHED = "finished"  # ran to its last update; done.json written
+    SKIPPED = "skipped"  # was already finished
+    STOPPED = "stopped"  # stopped early (signal, wall-time cap, stop_at) after a checkpoint; rerun to resume
+
+
+@dataclass
+class StageResult:
+    run_dir: Path
+    outcome: Outcome
+    step: int = 0
+    reason: str = ""  # why a stopped run stopped
+    done: dict = field(default_factory=dict)  # the contents of done.json
+
+
+def world_size(t: TrainerConfig) -> int:
+    """Processes the trainer will run (devices x nodes), without starting anything."""
+    if isinstance(t.devices, int):
+        devices = t.devices
+    elif isinstance(t.devices, (list, tuple)):
+        devices = len(t.devices)
+    elif str(t.devices).isdigit():
+        devices = int(t.devices)
+    elif t.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+        devices = torch.cuda.device_count()
+    else:
+        devices = 1
+    return max(1, devices) * t.num_nodes
+
+
+def make_trainer(cfg: ExperimentConfig, stage: Stage, training: Training, callbacks: list[Callback],
+                 progress_bar: bool) -> L.Trainer:
+    t, o = training.trainer, training.optim
+    accum = accumulation(o, world_size(t))
+    if progress_bar:
+        callbacks = [*callbacks, StageBar(stage.name, accum)]
+    return L.Trainer(
+        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
+        precision=t.precision, max_steps=o.updates, max_epochs=-1,
+        accumulate_grad_batches=accum, gradient_clip_val=o.grad_clip or None,
+        val_check_interval=t.val_every * accum, check_val_every_n_epoch=None,
+        limit_val_batches=t.val_batches or 1.0, num_sanity_val_steps=0,
+        log_every_n_steps=t.log_every,  # counted in optimiser updates
+        logger=make_loggers(cfg, stage.run_dir, f"{cfg.system}/{stage.name}"),
+        callbacks=callbacks, enable_progress_bar=progress_bar, enable_checkpointing=False,
+        enable_model_summary=False, use_distributed_sampler=False, plugins=[AtomicCheckpointIO()],
+        default_root_dir=str(stage.run_dir), deterministic=False, benchmark=False,
+    )
+
+
+def resume_point(run_dir: Path) -> tuple[Path, int] | None:
+    """``last.ckpt`` and its update count, or None for a fresh run. Fails clearly on a corrupt file."""
+    last = last_checkpoint(run_dir)
+    if not last.exists():
+        return None
+    return last, int(load_checkpoint(last)["global_step"])
+
+
+class Runner(Generic[T]):
+    """Runs one stage: ``Runner(cfg, stage, prepare, build).run(progress_bar)``."""
+
+    def __init__(self, cfg: ExperimentConfig, stage: Stage, prepare: Callable[[], T],
+                 build: Callable[[T], Training]) -> None:
+        self.cfg, self.stage, self.prepare, self.build = cfg, stage, prepare, build
+
+    def run(self, progress_bar: bool = True) -> StageResult:
+        stage, run_dir = self.stage, self.stage.run_dir
+        if is_done(run_dir):
+            log.info(f"{run_dir} is complete; skipping")
+            return StageResult(run_dir, Outcome.SKIPPED, done=read_done(run_dir) or {})
+        quiet_lightning()
+        inputs = self.prepare()
+        if process_rank() == 0:  # the other ranks of a distributed run write nothing but their share of checkpoints
+            run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(self.cfg, run_dir / CONFIG)
+        L.seed_everything(stage.seed, workers=True, verbose=False)
+        training = self.build(inputs)
+        t = training.trainer
+        ckpts = ScheduledCheckpoints(checkpoints(run_dir), t.ckpt_every, t.ckpt_steps, t.max_minutes, t.stop_at,
+                                     keep_steps=training.keep_steps, export=training.export)
+        callbacks: list[Callback] = [ckpts]
+        if training.flops_per_update:
+            callbacks.append(StageProgress(training.flops_per_update, training.tokens_per_update,
+                                           log_every=t.log_every))
+        trainer = make_trainer(self.cfg, stage, training, callbacks, progress_bar)
+        resume = resume_point(run_dir)
+        if resume is not None and trainer.is_global_zero:
+            log.info(f"resuming from {resume[0]} (update {resume[1]})")
+            truncate_metrics(run_dir, resume[1])
+        trainer.fit(training.module, datamodule=training.datamodule, ckpt_path=str(resume[0]) if resume else None)
+        step = trainer.global_step
+        if step < training.optim.updates:
+            return StageResult(run_dir, Outcome.STOPPED, step, ckpts.stop_requested or "stopped early")
+        done: dict = {}
+        if trainer.is_global_zero:
+            done = {"stage": stage.name, "step": step, "checkpoint": str(last_checkpoint(run_dir)),
+                    "flops": step * training.flops_per_update,
+                    "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}}
+            if training.finish is not None:
+                done.update(training.finish(trainer))
+            write_done(run_dir, done)
+        return StageResult(run_dir, Outcome.FINISHED, step, done=done)
