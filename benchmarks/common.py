@@ -30,8 +30,8 @@ import torch  # noqa: E402
 from minimodel.config import OptimConfig  # noqa: E402
 from minimodel.data.tokenizer import BOS, MASK  # noqa: E402
 from minimodel.model import IGNORE_INDEX, ModelConfig, RobertaMLM  # noqa: E402
-from minimodel.stages.common import build_optimizer  # noqa: E402
 from minimodel.surgery import adaptation_trainable, build_minipost, extract_mini, freeze_all_but  # noqa: E402
+from minimodel.training.optim import build_optimizer  # noqa: E402
 
 N_SPECIAL = 5
 MINI_DEPTH, BRIDGE_LAYERS, BODY_LAYERS = 4, 2, 12

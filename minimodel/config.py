@@ -284,6 +284,22 @@ def _compose(path: Path, conf_dir: Path, seen: tuple[Path, ...] = ()) -> list[tu
     return parts
 
 
+def model_preset(name: str, vocab_size: int = 50_000, conf_dir: Path | None = None, **overrides: Any) -> ModelConfig:
+    """``conf/model/{name}.yaml`` (what ``- model: NAME`` gives an experiment) with ``data.vocab_size`` set to
+    ``vocab_size``: the YAML files are the one definition of the model presets (roberta-base, roberta-small, tiny)."""
+    conf_dir = conf_dir or Path(__file__).resolve().parent.parent / "conf"
+    path = conf_dir / "model" / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"no model preset {name!r}: {path} does not exist "
+                          f"(available: {sorted(p.stem for p in (conf_dir / 'model').glob('*.yaml'))})")
+    cfg: DictConfig = OmegaConf.structured(ExperimentConfig)
+    cfg.data.vocab_size = vocab_size
+    for source, fragment in [*_compose(path, conf_dir, seen=(conf_dir,)), ("overrides", OmegaConf.create(overrides))]:
+        cfg = _merge(cfg, OmegaConf.create({"model": fragment}), source)
+    OmegaConf.resolve(cfg)
+    return ModelConfig(**OmegaConf.to_container(cfg.model))  # type: ignore[arg-type]
+
+
 def _parse_override(item: str) -> tuple[str, Any]:
     key, sep, value = item.partition("=")
     if not sep or not key:

@@ -9,14 +9,17 @@ import numpy as np
 import pytest
 import torch
 
+from minimodel.checkpoints import Adaptation, CheckpointError, load_checkpoint
 from minimodel.cli import main
+from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.shards import ShardError, encode_corpus
 from minimodel.data.tokenizer import Tokenizer, TokenizerError
+from minimodel.errors import NonFiniteLossError
 from minimodel.model import RobertaMLM
-from minimodel.stages import common
 from minimodel.stages.evaluate import check_adaptation
-from minimodel.stages.pretrain import load_source_tokenizer, run_pretrain
+from minimodel.stages.pretrain import run_pretrain
 from minimodel.surgery import PlugError
+from minimodel.systems import runs
 from tests.conftest import ROOT, tiny_config
 
 
@@ -48,7 +51,8 @@ def test_tokenizer_that_does_not_match_the_embeddings(tmp_path, prepared, corpus
 
 def test_adaptation_checkpoint_of_another_system_or_language(tmp_path, prepared, corpus_dir):
     c = cfg(tmp_path, prepared, corpus_dir, "system=bl_base", "model.mini_heads=[]")
-    adapted = {"system": "minijoint", "lang": "de"}
+    adapted = Adaptation(system="minijoint", lang="de", embeddings=torch.zeros(1), bias=torch.zeros(1), tokenizer={},
+                         step=0, flops=0.0)
     with pytest.raises(PlugError, match=r"x.pt is an adaptation checkpoint of minijoint/de, not of bl_base/de"):
         check_adaptation(adapted, c, "de", Path("x.pt"))
     with pytest.raises(PlugError, match=r"of minijoint/de, not of minijoint/tr"):
@@ -69,13 +73,13 @@ def test_nan_loss_stops_naming_the_update_and_keeps_the_last_good_checkpoint(tmp
 
     monkeypatch.setattr(RobertaMLM, "mlm_losses", poisoned)
     c = cfg(tmp_path, prepared, corpus_dir)
-    with pytest.raises(common.NonFiniteLossError, match=r"loss is nan at update 4: stopping; the last checkpoint"):
+    with pytest.raises(NonFiniteLossError, match=r"loss is nan at update 4: stopping; the last checkpoint"):
         run_pretrain(c, progress_bar=False)
-    ckpts = c.run_dir / "pretrain" / "checkpoints"
+    ckpts = runs(c).pretrain / "checkpoints"
     assert sorted(p.name for p in ckpts.glob("*.ckpt")) == ["last.ckpt", "step0000002.ckpt", "step0000004.ckpt"]
-    state = common.load_checkpoint(ckpts / "last.ckpt")["state_dict"]
+    state = load_checkpoint(ckpts / "last.ckpt")["state_dict"]
     assert all(torch.isfinite(v).all() for v in state.values())
-    assert not (c.run_dir / "pretrain" / "done.json").exists()
+    assert not (runs(c).pretrain / "done.json").exists()
 
 
 def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, prepared, corpus_dir, monkeypatch):
@@ -91,12 +95,12 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, p
         return real_save(obj, f, *a, **k)
 
     monkeypatch.setattr(torch, "save", full_disk)
-    with pytest.raises(common.CheckpointError, match=r"step0000004.ckpt failed: \[Errno 28\] No space left on device; "
+    with pytest.raises(CheckpointError, match=r"step0000004.ckpt failed: \[Errno 28\] No space left on device; "
                                                      r"the previous checkpoint is untouched"):
         run_pretrain(c, progress_bar=False)
-    ckpts = c.run_dir / "pretrain" / "checkpoints"
+    ckpts = runs(c).pretrain / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt", "step0000002.ckpt"]  # no temp file left
-    assert common.load_checkpoint(ckpts / "last.ckpt")["global_step"] == 2
+    assert load_checkpoint(ckpts / "last.ckpt")["global_step"] == 2
 
 
 def test_disk_full_while_writing_shards_keeps_finished_shards(tmp_path, prepared, corpus_dir, monkeypatch):

@@ -1,6 +1,7 @@
 import pytest
 
 from minimodel.config import ConfigError, load_config, save_config
+from minimodel.systems import REGISTRY, adapt_depth
 from tests.conftest import ROOT
 
 ALL_YAML = sorted((ROOT / "experiments").glob("*.yaml"))
@@ -9,7 +10,7 @@ ALL_YAML = sorted((ROOT / "experiments").glob("*.yaml"))
 @pytest.mark.parametrize("path", ALL_YAML, ids=lambda p: p.name)
 def test_every_experiment_composes(path):
     cfg = load_config(path)
-    assert cfg.system in ("bl_base", "bl_small", "minijoint", "minipost")
+    assert cfg.system in REGISTRY
 
 
 EXPERIMENT_PARTS = sorted(p for p in (ROOT / "conf").glob("*/*.yaml") if p.parent.name != "launcher")  # test_launch
@@ -40,7 +41,7 @@ def test_paper_defaults():
     assert (o.updates, o.global_batch, o.lr, o.warmup_updates, o.betas, o.eps, o.weight_decay) == (
         125_000, 2048, 7e-4, 10_000, [0.9, 0.98], 1e-6, 0.01)
     assert cfg.data.seq_len == 512 and cfg.data.vocab_size == 50_000 and cfg.data.mask_prob == 0.15
-    assert cfg.model.mini_heads == [4] and cfg.model.layers == 12 and cfg.mini_depth == 4
+    assert cfg.model.mini_heads == [4] and cfg.model.layers == 12 and adapt_depth(cfg) == 4
     assert len(cfg.target_langs) == 14
 
 

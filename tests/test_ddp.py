@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel.stages.common import load_checkpoint
+from minimodel.checkpoints import load_checkpoint
 from tests.conftest import ROOT
 from tests.test_pretrain import read_metrics
 

@@ -4,13 +4,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from minimodel.checkpoints import Adaptation, load_checkpoint
 from minimodel.cli import main
-from minimodel.config import TaskConfig
-from minimodel.data.downstream import TaskData, evaluate, predict, task_head
+from minimodel.config import TaskConfig, model_preset
+from minimodel.data.downstream import evaluate, predict, task_head
+from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import Tokenizer
-from minimodel.model import ModelConfig, RobertaMLM
+from minimodel.model import RobertaMLM
 from minimodel.results import ResultsTable
-from minimodel.stages.common import load_checkpoint
 from minimodel.surgery import plug_embeddings
 from tests.conftest import ROOT
 
@@ -23,15 +24,15 @@ def test_evaluating_with_swapped_embeddings_equals_a_model_built_with_them(prepa
     records = task.records("test", "de")[:40]
     features = task.features(records, tok)
     torch.manual_seed(0)
-    cfg = ModelConfig.from_preset("tiny", vocab_size=1000, max_positions=66)
+    cfg = model_preset("tiny", vocab_size=1000, max_positions=66)
     finetuned = RobertaMLM(cfg)  # stands for a finetuned body with source embeddings
     head = task_head(task, cfg.hidden, 0.1)
-    adapted = {"embeddings": torch.randn(1000, 64) * 0.3, "bias": torch.zeros(1000), "system": "bl_base",
-               "lang": "de", "step": 3, "tokenizer": {"path": str(tok.path), "sha256": tok.sha256}}
+    adapted = Adaptation(embeddings=torch.randn(1000, 64) * 0.3, bias=torch.zeros(1000), system="bl_base",
+                         lang="de", step=3, flops=0.0, tokenizer={"path": str(tok.path), "sha256": tok.sha256})
     direct = RobertaMLM(cfg)
     state = {k: v for k, v in finetuned.state_dict().items()}
-    state["embeddings.tokens.weight"] = state["heads.primary.decoder.weight"] = adapted["embeddings"]
-    state["heads.primary.bias"] = adapted["bias"]
+    state["embeddings.tokens.weight"] = state["heads.primary.decoder.weight"] = adapted.embeddings
+    state["heads.primary.bias"] = adapted.bias
     direct.load_state_dict(state)
     direct.tie_weights()
     plug_embeddings(finetuned, adapted, tok.sha256, tok.vocab_size)

@@ -14,6 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from minimodel.checkpoints import load_checkpoint, load_trained_model  # noqa: E402
 from minimodel.cli import main  # noqa: E402
 from minimodel.data.mlm import Masker  # noqa: E402
 from minimodel.data.prepare import prepared_paths  # noqa: E402
@@ -31,7 +32,6 @@ from minimodel.data.tokenizer import (  # noqa: E402
 from minimodel.hf import from_hf, to_hf  # noqa: E402
 from minimodel.model import IGNORE_INDEX, PRIMARY, ModelConfig, RobertaMLM  # noqa: E402
 from minimodel.results import ResultsTable  # noqa: E402
-from minimodel.stages.common import load_checkpoint, load_model  # noqa: E402
 from tests.conftest import ROOT, real_text  # noqa: E402
 
 BPE_VOCAB = 800  # + <mask> = 801 ids
@@ -213,8 +213,8 @@ def test_minipost_from_a_hugging_face_model_through_steps_1b_to_4(tmp_path, corp
     masked = batch["labels"] != IGNORE_INDEX
     assert batch["input_ids"][0] == 0 and (batch["input_ids"][masked] == BPE_VOCAB).any()
     primary = from_hf(hf_dir)
-    mini, meta = load_model(tmp_path / "runs" / "demo" / "minipost" / "bridge" / "checkpoints" / "last.ckpt")
-    assert meta["tokenizer"]["sha256"] == hf_tok.sha256 and mini.cfg.layers == 2
+    mini, meta = load_trained_model(tmp_path / "runs" / "demo" / "minipost" / "bridge" / "checkpoints" / "last.ckpt")
+    assert meta.tokenizer["sha256"] == hf_tok.sha256 and mini.cfg.layers == 2
     for name, value in mini.state_dict().items():
         if not name.startswith("layers.1."):
             assert torch.equal(value, primary.state_dict()[name]), f"{name} changed during the bridge"
@@ -275,9 +275,9 @@ def test_pretraining_with_a_hugging_face_tokenizer(tmp_path, corpus_dir, hf_dir)
         "data.seq_len=64", "data.val_blocks=8", "data.num_workers=0", "model.max_positions=66",
         *[f"pretrain.{s}" for s in stage]])
     prepare_language(cfg, "en", progress=False)
-    run_dir = run_pretrain(cfg, progress_bar=False)
-    model, meta = load_model(run_dir / "checkpoints" / "last.ckpt")
-    assert model.cfg.vocab_size == BPE_VOCAB + 1 and meta["tokenizer"]["sha256"] == HFTokenizer(str(hf_dir)).sha256
+    run_dir = run_pretrain(cfg, progress_bar=False).run_dir
+    model, meta = load_trained_model(run_dir / "checkpoints" / "last.ckpt")
+    assert model.cfg.vocab_size == BPE_VOCAB + 1 and meta.tokenizer["sha256"] == HFTokenizer(str(hf_dir)).sha256
     assert json.loads((run_dir / "done.json").read_text())["step"] == 4
     with pytest.raises(TokenizerError, match=r"has 801 pieces but model.vocab_size is 1000"):
         run_pretrain(load_config(ROOT / "experiments" / "tiny.yaml", [

@@ -1,12 +1,13 @@
 import pytest
 import torch
 
+from minimodel.config import model_preset
 from minimodel.model import IGNORE_INDEX, ModelConfig, RobertaMLM
 
 
 def make(mini_heads=(2,), **kw) -> RobertaMLM:
     torch.manual_seed(0)
-    cfg = ModelConfig.from_preset("tiny", vocab_size=300, mini_heads=list(mini_heads), **kw)
+    cfg = model_preset("tiny", vocab_size=300, mini_heads=list(mini_heads), **kw)
     return RobertaMLM(cfg).eval()
 
 
@@ -20,12 +21,12 @@ def batch(B=3, T=20, V=300, pad_last=0):
 
 
 def test_presets():
-    base = ModelConfig.from_preset("roberta-base")
+    base = model_preset("roberta-base")
     assert (base.layers, base.hidden, base.heads, base.ffn, base.vocab_size) == (12, 768, 12, 3072, 50_000)
-    small = ModelConfig.from_preset("roberta-small")
+    small = model_preset("roberta-small")
     assert (small.layers, small.hidden) == (4, 768)
     with pytest.raises(ValueError, match="mini_heads: depth 7 is outside 1..4"):
-        ModelConfig.from_preset("tiny", mini_heads=[7])
+        model_preset("tiny", mini_heads=[7])
     with pytest.raises(ValueError, match="divisible"):
         ModelConfig(hidden=100, heads=12)
 

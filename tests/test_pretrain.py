@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel.stages.common import load_checkpoint
+from minimodel.checkpoints import load_checkpoint
 from minimodel.stages.pretrain import run_pretrain
 from tests.conftest import tiny_config
 
@@ -29,7 +29,7 @@ def config(tmp: Path, prepared: Path, corpus: Path, *extra: str):
 
 
 def test_tiny_minijoint_learns_checkpoints_and_resumes_exactly(tmp_path, prepared, corpus_dir):
-    straight = run_pretrain(config(tmp_path / "a", prepared, corpus_dir), progress_bar=False)
+    straight = run_pretrain(config(tmp_path / "a", prepared, corpus_dir), progress_bar=False).run_dir
     ckpts = sorted(p.name for p in (straight / "checkpoints").glob("*.ckpt"))
     assert ckpts == ["last.ckpt", "step0000010.ckpt", "step0000020.ckpt", "step0000030.ckpt"]
     assert (straight / "done.json").exists() and (straight / "config.yaml").exists()
@@ -46,7 +46,7 @@ def test_tiny_minijoint_learns_checkpoints_and_resumes_exactly(tmp_path, prepare
     # the same run interrupted twice and resumed: identical losses and bit-identical weights
     b = tmp_path / "b"
     run_pretrain(config(b, prepared, corpus_dir, "pretrain.trainer.stop_at=7"), progress_bar=False)
-    resumed_dir = run_pretrain(config(b, prepared, corpus_dir, "pretrain.trainer.stop_at=20"), progress_bar=False)
+    resumed_dir = run_pretrain(config(b, prepared, corpus_dir, "pretrain.trainer.stop_at=20"), progress_bar=False).run_dir
     assert not (resumed_dir / "done.json").exists()
     run_pretrain(config(b, prepared, corpus_dir), progress_bar=False)
     assert (resumed_dir / "done.json").exists()

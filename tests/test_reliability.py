@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel.stages.common import CheckpointError, load_checkpoint
+from minimodel.checkpoints import CheckpointError, load_checkpoint
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -86,7 +86,7 @@ def test_kill_9_at_arbitrary_points_then_resume_equals_an_uninterrupted_run(tmp_
         # Lightning writes the metrics row of update N (step column N-1) just after the callbacks that
         # saved checkpoint N; a kill inside that window (about a millisecond) loses that one row, as a
         # resume from N never replays update N. Wait for the row, so the kill lands mid-way between
-        # checkpoints as intended even on a loaded machine (the window is noted in common.truncate_metrics).
+        # checkpoints as intended even on a loaded machine (the window is noted in training.loggers.truncate_metrics).
         def ready() -> bool:
             last = run_dir / "checkpoints" / "last.ckpt"
             try:
@@ -177,10 +177,10 @@ def test_no_memory_growth_over_a_long_tiny_run(tmp_path, prepared, corpus_dir):
             if trainer.global_step % 50 == 0:
                 samples.append((trainer.global_step, rss_mb()))
 
-    from minimodel.stages import common
+    from minimodel.training import runner
 
-    real = common.make_trainer
-    common.make_trainer = lambda cfg, run, callbacks, *a, **k: real(cfg, run, [*callbacks, Probe()], *a, **k)
+    real = runner.make_trainer
+    runner.make_trainer = lambda cfg, stage, training, callbacks, *a: real(cfg, stage, training, [*callbacks, Probe()], *a)
     try:
         cfg = tiny_config(tmp_path, corpus_dir, f"data.prepared_dir={prepared / 'prepared'}",
                           "pretrain.optim.updates=600", "pretrain.optim.global_batch=8", "pretrain.optim.micro_batch=8",
@@ -188,7 +188,7 @@ def test_no_memory_growth_over_a_long_tiny_run(tmp_path, prepared, corpus_dir):
                           "pretrain.trainer.log_every=10")
         run_pretrain(cfg, progress_bar=False)
     finally:
-        common.make_trainer = real
+        runner.make_trainer = real
     by_step = dict(samples)
     warm, end = by_step[100], by_step[600]
     assert end - warm < 25, f"RSS grew from {warm:.0f} MB (update 100) to {end:.0f} MB (update 600)"

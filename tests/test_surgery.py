@@ -1,8 +1,11 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
-from minimodel.model import IGNORE_INDEX, PRIMARY, ModelConfig, RobertaMLM
-from minimodel.stages.common import build_optimizer
+from minimodel.checkpoints import Adaptation
+from minimodel.config import model_preset
+from minimodel.model import IGNORE_INDEX, PRIMARY, RobertaMLM
 from minimodel.surgery import (
     PlugError,
     adaptation_trainable,
@@ -14,11 +17,12 @@ from minimodel.surgery import (
     swap_embeddings,
     trainable_parameters,
 )
+from minimodel.training.optim import build_optimizer
 
 
 def tiny(mini_heads=(2,), vocab=300) -> RobertaMLM:
     torch.manual_seed(0)
-    return RobertaMLM(ModelConfig.from_preset("tiny", vocab_size=vocab, mini_heads=list(mini_heads)))
+    return RobertaMLM(model_preset("tiny", vocab_size=vocab, mini_heads=list(mini_heads)))
 
 
 def data(V=300, B=4, T=24, seed=0):
@@ -115,17 +119,17 @@ def test_overlap_init_copies_exactly_the_shared_pieces():
 
 def test_plugging_checks_tokenizer_and_sizes():
     model = tiny(mini_heads=())
-    adapted = {"embeddings": torch.randn(250, 64), "bias": torch.zeros(250), "system": "minijoint", "lang": "de",
-               "step": 5, "tokenizer": {"path": "de/spm.model", "sha256": "a" * 64}}
+    adapted = Adaptation(embeddings=torch.randn(250, 64), bias=torch.zeros(250), system="minijoint", lang="de",
+                         step=5, flops=0.0, tokenizer={"path": "de/spm.model", "sha256": "a" * 64})
     with pytest.raises(PlugError, match=r"minijoint, de, step 5\) was trained with tokenizer de/spm.model"):
         plug_embeddings(model, adapted, "b" * 64, 250)
     with pytest.raises(PlugError, match=r"has 250 embedding rows but the tokenizer has 300 pieces"):
         plug_embeddings(model, adapted, "a" * 64, 300)
-    wide = dict(adapted, embeddings=torch.randn(250, 32))
+    wide = replace(adapted, embeddings=torch.randn(250, 32))
     with pytest.raises(PlugError, match=r"width 32, the model expects 64"):
         plug_embeddings(model, wide, "a" * 64, 250)
     plug_embeddings(model, adapted, "a" * 64, 250)
-    assert torch.equal(model.embeddings.tokens.weight, adapted["embeddings"])
+    assert torch.equal(model.embeddings.tokens.weight, adapted.embeddings)
     assert model.heads[PRIMARY].decoder.weight is model.embeddings.tokens.weight
     x, _ = data(V=250)
     assert model.encode(x).shape == (4, 24, 64)
