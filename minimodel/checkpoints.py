@@ -102,6 +102,7 @@ class Payload:
     """A versioned record saved as a plain dict (``kind`` and ``format`` included)."""
 
     KIND: ClassVar[str] = ""
+    WHAT: ClassVar[str] = ""  # for messages: "an adaptation checkpoint"
     REQUIRED: ClassVar[tuple[str, ...]] = ()  # keys without which an old file is not this payload
 
     def to_dict(self) -> dict:
@@ -110,7 +111,7 @@ class Payload:
     @classmethod
     def from_dict(cls: type[P], d: Any, where: str | Path) -> P:
         if not isinstance(d, dict):
-            raise CheckpointError(f"{where} is not a minimodel {cls.KIND} payload")
+            raise CheckpointError(f"{where} is not {cls.WHAT}")
         d = _migrate(cls, dict(d), where)
         names = {f.name for f in fields(cls)}
         missing = [f.name for f in fields(cls)
@@ -130,11 +131,11 @@ def _migrate(cls: type[Payload], d: dict, where: str | Path) -> dict:
         raise CheckpointError(f"{where} was written by a newer minimodel (format {version}; this one reads up to "
                               f"{FORMAT}): upgrade minimodel to read it")
     if kind != cls.KIND:
-        raise CheckpointError(f"{where} holds a {kind or 'unknown'} payload, not a {cls.KIND} payload")
+        raise CheckpointError(f"{where} holds a '{kind}' payload: it is not {cls.WHAT}")
     if version == 1:  # written before payloads were typed: same fields, no kind; check it is what it claims
         missing = [k for k in cls.REQUIRED if k not in d]
         if missing:
-            raise CheckpointError(f"{where} is not a {cls.KIND} payload (missing {sorted(missing)})")
+            raise CheckpointError(f"{where} is not {cls.WHAT} (missing {sorted(missing)})")
         d = {**d, "kind": cls.KIND, "format": FORMAT}
     return d
 
@@ -144,6 +145,7 @@ class TrainingMeta(Payload):
     """The ``minimodel`` entry of a Lightning training checkpoint."""
 
     KIND: ClassVar[str] = "training"
+    WHAT: ClassVar[str] = "minimodel training metadata"
     REQUIRED: ClassVar[tuple[str, ...]] = ("stage", "system", "model_config")
 
     stage: str
@@ -172,6 +174,7 @@ class Adaptation(Payload):
     """An adaptation checkpoint: the target-language embeddings and output bias at one update of step 2."""
 
     KIND: ClassVar[str] = "adaptation"
+    WHAT: ClassVar[str] = "an adaptation checkpoint"
     REQUIRED: ClassVar[tuple[str, ...]] = ("embeddings", "bias", "tokenizer", "step", "flops", "lang", "system")
 
     system: str
@@ -194,6 +197,7 @@ class Finetuned(Payload):
     """A finished step-3 model: body and task head weights, labels, tokenizer and English scores."""
 
     KIND: ClassVar[str] = "finetuned"
+    WHAT: ClassVar[str] = "a finetuned model"
     REQUIRED: ClassVar[tuple[str, ...]] = ("body_state", "head_state", "model_config", "labels", "qa")
 
     system: str

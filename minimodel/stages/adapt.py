@@ -24,7 +24,7 @@ from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_prepared_tokenizer, load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.flops import adapt_flops, v100_days
-from minimodel.layout import ADAPT_INFO, adaptation_checkpoint, is_done
+from minimodel.layout import ADAPT_INFO, adaptation_checkpoint, adaptation_checkpoints, is_done, last_checkpoint
 from minimodel.log import get_logger, process_rank
 from minimodel.model import RobertaMLM
 from minimodel.surgery import (
@@ -56,7 +56,7 @@ def adaptation_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str]:
     if not is_done(r.body):
         step = "`minimodel bridge`" if kind is Body.BRIDGE else "`minimodel pretrain`"
         raise CheckpointError(f"adaptation needs a finished {r.body.name} run: {r.body} is not complete (run {step} first)")
-    source = r.body / "checkpoints" / "last.ckpt"
+    source = last_checkpoint(r.body)
     model, _ = load_trained_model(source)
     return BODIES[kind](model, cfg), str(source)
 
@@ -134,7 +134,7 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
             return path
 
         def finish(_: object) -> dict:
-            return {"embeddings": sorted(p.name for p in (run_dir / "embeddings").glob("*.pt"))}
+            return {"embeddings": [p.name for p in adaptation_checkpoints(run_dir)]}
 
         return Training(module, mlm_datamodule(cfg, cfg.lang, a.optim, a.trainer.seed, x.target_tok), a.optim,
                         a.trainer, flops_per_update=flops, tokens_per_update=a.optim.global_batch * cfg.data.seq_len,
