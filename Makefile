@@ -26,7 +26,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-fast demo bl_base bl_small minijoint minipost depth_sweep small report submit bench flops
+.PHONY: help setup test test-fast lint demo bl_base bl_small minijoint minipost depth_sweep small report submit bench flops
 
 help:
 	@sed -n '1,10p' Makefile
@@ -40,11 +40,14 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -q tests
 
-test-fast: setup
+test-fast: setup lint
 	$(BIN)/python -m pytest -q -m "not slow" tests
+
+lint: setup
+	$(BIN)/ruff check minimodel tests benchmarks scripts
 
 demo: setup
 	$(MM) run experiments/demo.yaml $(OVERRIDES)

@@ -1,7 +1,7 @@
 """`minimodel COMMAND CONFIG [key=value ...]`.
 
-Exit codes: 0 done; 2 bad input (the message names the file or key); 3 stopped early after a
-checkpoint (a signal, ``trainer.max_minutes`` or ``trainer.stop_at``): rerun to resume. ``submit``,
+Exit codes: 0 done (or stopped by ``trainer.stop_at`` / ``trainer.max_minutes``, which logs so); 2 bad
+input (the message names the file or key); 3 stopped by SIGTERM/SIGUSR1 after a checkpoint: rerun to resume. ``submit``,
 ``flops`` and ``report`` never import torch or Lightning."""
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ log = logs.get_logger("minimodel.cli")
 
 
 def _stopped(results: Any) -> str:
-    """Why a stage of ``results`` (one StageResult or a list) stopped early, or ""."""
+    """The signal that stopped a stage of ``results`` (one StageResult or a list) early, or "".
+
+    A stage stopped by ``trainer.stop_at`` or ``trainer.max_minutes`` exits 0 (it logs that it stopped)."""
     for r in results if isinstance(results, list) else [results]:
-        if r.outcome.value == "stopped":
-            return r.reason or "stopped early"
+        if r.outcome.value == "interrupted":
+            return r.reason
     return ""
 
 
@@ -117,7 +119,7 @@ def cmd_flops(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     return ""
 
 
-# each returns "" when it finished, or why a training stage stopped early (exit 3: rerun to resume)
+# each returns "", or the signal that stopped a training stage early (exit 3: requeue / rerun to resume)
 COMMANDS: dict[str, tuple[Callable[[ExperimentConfig, argparse.Namespace], str], str]] = {
     "prepare": (cmd_prepare, "train tokenizers and encode corpora into token shards"),
     "pretrain": (cmd_pretrain, "step 1: MLM pretraining (resumes if a checkpoint exists)"),
@@ -166,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error(f"{args.command}: error: {e}")
         return ERROR_EXIT
     if stopped:
-        log.warning(f"{args.command}: stopped ({stopped}) after writing a checkpoint; rerun the same command to resume")
+        log.warning(f"{args.command}: stopped on {stopped} after writing a checkpoint; rerun the same command to resume")
         return REQUEUE_EXIT
     return 0
 

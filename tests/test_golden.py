@@ -105,3 +105,33 @@ def test_golden_chain(tmp_path, prepared, corpus_dir):
         for key, values in want[name].items():
             assert len(got[name][key]) == len(values) == N_LOSSES, (name, key)
             assert got[name][key] == pytest.approx(values, rel=1e-6, abs=1e-6), (name, key)
+
+
+DEMO_GOLDEN = ROOT / "tests" / "golden" / "demo"
+
+
+def keyed(rows: list[dict]) -> dict[tuple, dict]:
+    return {(r["system"], r["body"], r["task"], r["lang"], r["seed"], r["step"], r["split"], r["metric"]): r for r in rows}
+
+
+def test_demo_results_equal_the_recorded_ones(tmp_path):
+    """`make demo` end to end (all four systems, every step) gives the recorded results.jsonl values.
+
+    The values in tests/golden/demo/ were written by the demo of commit 304f20e. Refresh them deliberately with
+    MINIMODEL_REFRESH_GOLDEN=1 (and say in the commit why the numbers moved)."""
+    runs = tmp_path / "runs"
+    args = [f"runs_dir={runs}", f"data.prepared_dir={tmp_path / 'prepared'}",
+            f"tasks.lohelp.source={ROOT / 'data/demo/task/lohelp'}", f"data.corpus_dir={ROOT / 'data/demo/corpus'}"]
+    assert main(["run", str(ROOT / "experiments" / "demo.yaml"), *args, "--no-progress"]) == 0
+    systems = ("bl_base", "bl_small", "minijoint", "minipost")
+    if os.environ.get("MINIMODEL_REFRESH_GOLDEN"):
+        for s in systems:
+            (DEMO_GOLDEN / f"{s}.results.jsonl").write_text((runs / "demo" / s / "results.jsonl").read_text())
+        pytest.skip(f"refreshed {DEMO_GOLDEN}")
+    for s in systems:
+        read = lambda p: keyed([json.loads(line) for line in p.read_text().splitlines()])
+        got, want = read(runs / "demo" / s / "results.jsonl"), read(DEMO_GOLDEN / f"{s}.results.jsonl")
+        assert got.keys() == want.keys(), s
+        for k, w in want.items():
+            for field in ("value", "flops", "v100_days"):
+                assert got[k][field] == pytest.approx(w[field], rel=1e-6, abs=1e-6), (k, field)

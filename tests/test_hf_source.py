@@ -190,10 +190,11 @@ def test_minipost_from_a_hugging_face_model_through_steps_1b_to_4(tmp_path, corp
     experiment = str(ROOT / "experiments" / "demo.yaml")
     assert main(["run", experiment, *args, "--no-progress"]) == 0
     from minimodel.config import load_config
+    from minimodel.systems import source_tokenizer
 
     cfg = load_config(experiment, args)
     hf_tok = HFTokenizer(str(hf_dir))
-    assert cfg.source_tokenizer == str(hf_dir)  # MiniPost from a HF model uses that model's tokenizer
+    assert source_tokenizer(cfg) == str(hf_dir)  # MiniPost from a HF model uses that model's tokenizer
 
     # prepare: English encoded with the model's own tokenizer (no SentencePiece model for English)
     en = prepared_paths(cfg, "en")
@@ -253,6 +254,7 @@ def test_a_tokenizer_that_does_not_fit_the_hf_model_is_refused(tmp_path, corpus_
     experiment = str(ROOT / "experiments" / "demo.yaml")
     assert main(["prepare", experiment, *args, "--langs=en", "--no-progress"]) == 0
     from minimodel.config import load_config
+    from minimodel.systems import source_tokenizer
     from minimodel.stages.bridge import run_bridge
 
     with pytest.raises(TokenizerError, match=r"has 501 pieces but the model bridge.source=.*tiny-roberta has a "
@@ -264,6 +266,7 @@ def test_a_tokenizer_that_does_not_fit_the_hf_model_is_refused(tmp_path, corpus_
 def test_pretraining_with_a_hugging_face_tokenizer(tmp_path, corpus_dir, hf_dir):
     """data.source_tokenizer also serves step 1 (e.g. BL_BASE with RoBERTa's own byte-level BPE)."""
     from minimodel.config import load_config
+    from minimodel.systems import source_tokenizer
     from minimodel.data.prepare import prepare_language
     from minimodel.stages.pretrain import run_pretrain
 

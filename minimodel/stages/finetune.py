@@ -216,7 +216,7 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
 
 def run_all_finetuning(cfg: ExperimentConfig, progress_bar: bool = True) -> list[StageResult]:
     """``task=`` / ``seed=`` select one run; otherwise every task of finetune.tasks x finetune.seeds, in order,
-    until one is stopped early (a signal or a wall-time cap: the rest wait for the rerun)."""
+    until one stops early (a signal, stop_at or a wall-time cap: the rest wait for the rerun)."""
     tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
     seeds = [cfg.seed] if cfg.seed else list(cfg.finetune.seeds)
     if not tasks:
@@ -225,6 +225,6 @@ def run_all_finetuning(cfg: ExperimentConfig, progress_bar: bool = True) -> list
     for task in tasks:
         for seed in seeds:
             results.append(run_finetune(cfg, task, seed, progress_bar))
-            if results[-1].outcome is Outcome.STOPPED:
+            if results[-1].outcome in (Outcome.STOPPED, Outcome.INTERRUPTED):
                 return results
     return results

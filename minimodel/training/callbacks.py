@@ -36,6 +36,7 @@ class ScheduledCheckpoints(Callback):
         self.last_step = -1
         self.last_saved = -1
         self.stop_requested: str | None = None
+        self.signalled = False  # stopped by a signal (here or on another rank), not by stop_at or the time cap
         self._old_handlers: dict[int, Any] = {}
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -61,6 +62,7 @@ class ScheduledCheckpoints(Callback):
 
     def _request_stop(self, signum: int, frame: Any) -> None:
         self.stop_requested = signal.Signals(signum).name
+        self.signalled = True
 
     def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
@@ -86,7 +88,7 @@ class ScheduledCheckpoints(Callback):
         if trainer.world_size > 1:  # every rank must stop at the same update
             stop = trainer.strategy.reduce_boolean_decision(self.stop_requested is not None, all=False)
             if stop and self.stop_requested is None:
-                self.stop_requested = "a signal on another rank"
+                self.stop_requested, self.signalled = "a signal on another rank", True
         if self.stop_at and step >= self.stop_at:
             self.stop_requested = self.stop_requested or f"stop_at={self.stop_at}"
         if self.max_seconds and time.monotonic() - self.started > self.max_seconds:
@@ -156,6 +158,7 @@ class StageBar(TQDMProgressBar):
     def __init__(self, stage: str, accumulation: int = 1) -> None:
         super().__init__(refresh_rate=max(1, accumulation))
         self.stage = stage
+        self._drawn = 0.0  # when the bar was last redrawn
 
     def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
         super().on_train_epoch_start(trainer)
@@ -165,7 +168,7 @@ class StageBar(TQDMProgressBar):
         if current == total:
             return self.is_enabled
         now = time.monotonic()
-        if not super()._should_update(current, total) or now - getattr(self, "_drawn", 0.0) < 0.5:
+        if not super()._should_update(current, total) or now - self._drawn < 0.5:
             return False
         self._drawn = now
         return True
@@ -176,11 +179,10 @@ class StageBar(TQDMProgressBar):
         return bar
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
-        metrics = super().get_metrics(trainer, pl_module)
+        shown = {**super().get_metrics(trainer, pl_module), **trainer.callback_metrics}  # tokens/s is not a bar metric
         out: dict = {}
         for key in self.SHOWN:
-            if key in metrics:
-                value = metrics[key]
-                out[key.split("/")[-1].replace("tokens_per_sec", "tok/s")] = (
-                    f"{float(value):,.0f}" if "tokens" in key else value)
+            if key in shown:
+                value = float(shown[key])
+                out[key.split("/")[-1].replace("tokens_per_sec", "tok/s")] = f"{value:,.0f}" if "tokens" in key else f"{value:.3f}"
         return out

@@ -58,7 +58,8 @@ class Training:
 class Outcome(Enum):
     FINISHED = "finished"  # ran to its last update; done.json written
     SKIPPED = "skipped"  # was already finished
-    STOPPED = "stopped"  # stopped early (signal, wall-time cap, stop_at) after a checkpoint; rerun to resume
+    INTERRUPTED = "interrupted"  # stopped by a signal (SIGTERM/SIGUSR1) after a checkpoint: requeue, rerun to resume
+    STOPPED = "stopped"  # stopped early by trainer.stop_at or trainer.max_minutes after a checkpoint; rerun to resume
 
 
 @dataclass
@@ -147,7 +148,8 @@ class Runner(Generic[T]):
         trainer.fit(training.module, datamodule=training.datamodule, ckpt_path=str(resume[0]) if resume else None)
         step = trainer.global_step
         if step < training.optim.updates:
-            return StageResult(run_dir, Outcome.STOPPED, step, ckpts.stop_requested or "stopped early")
+            outcome = Outcome.INTERRUPTED if ckpts.signalled else Outcome.STOPPED
+            return StageResult(run_dir, outcome, step, ckpts.stop_requested or "stopped early")
         done: dict = {}
         if trainer.is_global_zero:
             done = {"stage": stage.name, "step": step, "checkpoint": str(last_checkpoint(run_dir)),
