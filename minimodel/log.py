@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 
 PREFIX = "[minimodel]"
 _RANK_VARS = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "JSM_NAMESPACE_RANK")
@@ -53,6 +54,8 @@ def setup(level: int = logging.INFO) -> None:
 
 
 def quiet_lightning() -> None:
-    """Lightning announces devices, tips and `max_steps reached` at INFO on every start: keep warnings only."""
+    """Lightning announces devices, tips and `max_steps reached` at INFO on every start: keep warnings only
+    (and drop one deprecation notice its own code triggers in torch's pytree, which no user can act on)."""
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "lightning_fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.WARNING)

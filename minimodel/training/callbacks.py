@@ -4,6 +4,7 @@ accounting, and a progress bar that stays readable in log files."""
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from minimodel.checkpoints import link_or_copy, rng_state, set_rng_state
 from minimodel.flops import v100_days
@@ -150,33 +152,52 @@ class StageProgress(Callback):
 
 
 class StageBar(TQDMProgressBar):
-    """One bar per stage, counted in updates, showing the loss(es) and tokens/s; validation runs without a
-    bar of its own (no nested bars spilling into log files), and the bar redraws at most twice a second."""
+    """One bar per stage, counted in optimiser updates (resumed runs start where they stopped), showing the
+    loss(es) and tokens/s. Validation runs without a bar of its own (no nested bars spilling into log files),
+    and the bar redraws at most twice a second."""
 
     SHOWN = ("train/loss", "train/loss_mini", "perf/tokens_per_sec")
 
-    def __init__(self, stage: str, accumulation: int = 1) -> None:
-        super().__init__(refresh_rate=max(1, accumulation))
+    def __init__(self, stage: str) -> None:
+        super().__init__()
         self.stage = stage
         self._drawn = 0.0  # when the bar was last redrawn
 
-    def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
-        super().on_train_epoch_start(trainer)
-        self.train_progress_bar.set_description(self.stage)
+    def init_train_tqdm(self) -> Tqdm:
+        # delay: nothing is drawn before the first update (no empty "Training: 0/?" line in log files)
+        return Tqdm(desc=self.stage, position=2 * self.process_position, disable=self.is_disabled, leave=True,
+                    dynamic_ncols=True, file=sys.stdout, smoothing=0, bar_format=self.BAR_FORMAT, delay=1e-6)
 
-    def _should_update(self, current: int, total: int) -> bool:
-        if current == total:
-            return self.is_enabled
+    def on_train_start(self, trainer: L.Trainer, *_: Any) -> None:
+        super().on_train_start(trainer)
+        self._count_updates(trainer)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
+        self._count_updates(trainer)  # not Lightning's: it would restart the count and rename the bar "Epoch N"
+
+    def _count_updates(self, trainer: L.Trainer) -> None:
+        bar = self.train_progress_bar
+        bar.total, bar.n, bar.initial = trainer.max_steps, trainer.global_step, trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any) -> None:
+        bar, step = self.train_progress_bar, trainer.global_step
         now = time.monotonic()
-        if not super()._should_update(current, total) or now - self._drawn < 0.5:
-            return False
+        if bar.disable or step == bar.n or (now - self._drawn < 0.5 and step != trainer.max_steps):
+            return
         self._drawn = now
-        return True
+        bar.n = step
+        bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
+        bar.refresh()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        bar = self.train_progress_bar
+        if not bar.disable and bar.n != trainer.global_step:  # the last update (e.g. before a stop) is shown
+            bar.n = trainer.global_step
+            bar.refresh()
+        super().on_train_end(trainer, pl_module)
 
     def init_validation_tqdm(self):  # type: ignore[no-untyped-def]
-        bar = super().init_validation_tqdm()
-        bar.disable = True
-        return bar
+        return Tqdm(disable=True)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         shown = {**super().get_metrics(trainer, pl_module), **trainer.callback_metrics}  # tokens/s is not a bar metric

@@ -91,7 +91,7 @@ def make_trainer(cfg: ExperimentConfig, stage: Stage, training: Training, callba
     t, o = training.trainer, training.optim
     accum = accumulation(o, world_size(t))
     if progress_bar:
-        callbacks = [*callbacks, StageBar(stage.name, accum)]
+        callbacks = [*callbacks, StageBar(stage.name)]
     return L.Trainer(
         accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
         precision=t.precision, max_steps=o.updates, max_epochs=-1,
@@ -145,6 +145,9 @@ class Runner(Generic[T]):
         if resume is not None and trainer.is_global_zero:
             log.info(f"resuming from {resume[0]} (update {resume[1]})")
             truncate_metrics(run_dir, resume[1])
+        elif resume is None:
+            log.info(f"{stage.name}: {training.optim.updates:,} updates of {training.optim.global_batch} sequences "
+                     f"-> {run_dir}")
         trainer.fit(training.module, datamodule=training.datamodule, ckpt_path=str(resume[0]) if resume else None)
         step = trainer.global_step
         if step < training.optim.updates:
