@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import lzma
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -36,13 +37,48 @@ def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def tiny_config(tmp: Path, corpus: Path, *overrides: str, experiment: str = "tiny") -> ExperimentConfig:
-    """experiments/tiny.yaml (or another experiment) shrunk to seconds on a CPU, writing under ``tmp``."""
-    base = [
-        f"data.corpus_dir={corpus}", f"data.prepared_dir={tmp / 'prepared'}", f"runs_dir={tmp / 'runs'}",
-        "data.vocab_size=1000", "data.seq_len=64", "data.val_blocks=8", "data.num_workers=0",
-        "model.max_positions=66", "logging.wandb=disabled",
-    ]
+TINY = ["data.vocab_size=1000", "data.seq_len=64", "data.val_blocks=8", "model.max_positions=66",
+        "logging.wandb=disabled"]
+"""The data / model / logging overrides every tiny run shares (a 1000-piece vocabulary, 64-token blocks)."""
+
+TINY_STAGE = {"global_batch": 8, "micro_batch": 4, "warmup_updates": 2, "lr": 2e-3}
+"""The optimiser settings most tiny stages use: ``stage_overrides(stages, **TINY_STAGE, updates=...)``."""
+
+OPTIM_KEYS = ("updates", "warmup_updates", "global_batch", "micro_batch", "lr")
+TRAINER_KEYS = ("ckpt_every", "ckpt_steps", "val_every", "log_every", "stop_at", "max_minutes", "seed")
+
+
+def tiny_overrides(tmp: Path, corpus: Path, prepared: Path | None = None, runs_dir: Path | None = None) -> list[str]:
+    """Paths (corpus, ``{prepared or tmp}/prepared``, ``runs_dir`` or ``tmp/runs``) followed by ``TINY``."""
+    prepared_dir = (tmp if prepared is None else prepared) / "prepared"
+    runs = tmp / "runs" if runs_dir is None else runs_dir
+    return [f"data.corpus_dir={corpus}", f"data.prepared_dir={prepared_dir}", f"runs_dir={runs}", *TINY]
+
+
+def _value(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_value(v) for v in value) + "]"
+    return str(value)
+
+
+def stage_overrides(stages: Iterable[str], **values: object) -> list[str]:
+    """``{stage}.optim.{key}=...`` / ``{stage}.trainer.{key}=...`` for every stage, in the order given:
+    ``stage_overrides(["pretrain"], updates=6, log_every=1)`` -> ``["pretrain.optim.updates=6",
+    "pretrain.trainer.log_every=1"]``."""
+    unknown = sorted(set(values) - set(OPTIM_KEYS) - set(TRAINER_KEYS))
+    if unknown:
+        raise KeyError(f"stage_overrides: unknown key(s) {unknown}; known: {OPTIM_KEYS + TRAINER_KEYS}")
+    return [f"{stage}.{'optim' if key in OPTIM_KEYS else 'trainer'}.{key}={_value(value)}"
+            for stage in stages for key, value in values.items()]
+
+
+def tiny_config(tmp: Path, corpus: Path, *overrides: str, experiment: str = "tiny",
+                prepared: Path | None = None) -> ExperimentConfig:
+    """experiments/tiny.yaml (or another experiment) shrunk to seconds on a CPU, writing under ``tmp``
+    (reading prepared data from ``prepared/prepared`` when ``prepared`` is given)."""
+    base = [*tiny_overrides(tmp, corpus, prepared), "data.num_workers=0"]
     return load_config(ROOT / "experiments" / f"{experiment}.yaml", [*base, *overrides])
 
 

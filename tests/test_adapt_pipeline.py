@@ -15,19 +15,18 @@ from minimodel.stages.adapt import run_adapt
 from minimodel.stages.bridge import run_bridge
 from minimodel.stages.pretrain import run_pretrain
 from minimodel.surgery import PlugError, plug_embeddings, primary_only
-from tests.conftest import tiny_config
+from tests.conftest import TINY_STAGE, stage_overrides, tiny_config
 
 pytestmark = pytest.mark.slow
 
-STEPS = ["optim.updates=12", "optim.warmup_updates=2", "optim.global_batch=8", "optim.micro_batch=4",
-         "optim.lr=2e-3", "trainer.ckpt_every=6", "trainer.val_every=6", "trainer.log_every=2"]
+STAGES = stage_overrides(["pretrain", "bridge", "adapt"], updates=12, **TINY_STAGE, ckpt_every=6, val_every=6,
+                         log_every=2)
 
 
 def cfg(tmp: Path, prepared: Path, corpus: Path, system: str, *extra: str):
-    stages = [f"{stage}.{s}" for stage in ("pretrain", "bridge", "adapt") for s in STEPS]
     heads = "model.mini_heads=[2]" if system == "minijoint" else "model.mini_heads=[]"
-    return tiny_config(tmp, corpus, f"data.prepared_dir={prepared / 'prepared'}", f"system={system}", heads,
-                       "bridge.depth=2", "bridge.layers=1", "adapt.trainer.ckpt_steps=[2,4]", *stages, *extra)
+    return tiny_config(tmp, corpus, f"system={system}", heads, "bridge.depth=2", "bridge.layers=1",
+                       "adapt.trainer.ckpt_steps=[2,4]", *STAGES, *extra, prepared=prepared)
 
 
 def body_weights(run_dir: Path) -> dict[str, torch.Tensor]:

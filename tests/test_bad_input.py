@@ -20,13 +20,12 @@ from minimodel.stages.evaluate import check_adaptation
 from minimodel.stages.pretrain import run_pretrain
 from minimodel.surgery import PlugError
 from minimodel.systems import runs
-from tests.conftest import ROOT, tiny_config
+from tests.conftest import ROOT, stage_overrides, tiny_config
 
 
 def cfg(tmp: Path, prepared: Path, corpus: Path, *extra: str):
-    return tiny_config(tmp, corpus, f"data.prepared_dir={prepared / 'prepared'}", "pretrain.optim.updates=6",
-                       "pretrain.optim.global_batch=8", "pretrain.optim.micro_batch=4",
-                       "pretrain.trainer.ckpt_every=2", "pretrain.trainer.log_every=1", *extra)
+    return tiny_config(tmp, corpus, *stage_overrides(["pretrain"], updates=6, global_batch=8, micro_batch=4,
+                                                     ckpt_every=2, log_every=1), *extra, prepared=prepared)
 
 
 def test_cli_reports_missing_corpus_with_exit_code_2(tmp_path, capsys):
@@ -59,6 +58,7 @@ def test_adaptation_checkpoint_of_another_system_or_language(tmp_path, prepared,
         check_adaptation(adapted, tiny_config(tmp_path, corpus_dir), "tr", Path("x.pt"))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_naming_the_update_and_keeps_the_last_good_checkpoint(tmp_path, prepared, corpus_dir,
                                                                              monkeypatch):
     calls = {"n": 0}

@@ -7,8 +7,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel.checkpoints import (FORMAT, Adaptation, CheckpointError, Finetuned, TrainingMeta, atomic_torch_save,
-                                   load_adaptation, load_checkpoint, load_finetuned, load_trained_model)
+from minimodel.checkpoints import (
+    FORMAT,
+    Adaptation,
+    CheckpointError,
+    Finetuned,
+    TrainingMeta,
+    atomic_torch_save,
+    load_adaptation,
+    load_checkpoint,
+    load_finetuned,
+    load_trained_model,
+)
 from minimodel.data.tokenizer import Tokenizer
 from minimodel.surgery import plug_embeddings
 from tests.conftest import ROOT

@@ -9,19 +9,16 @@ import pytest
 import torch
 
 from minimodel.checkpoints import load_checkpoint
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stage_overrides, tiny_overrides
 from tests.test_pretrain import read_metrics
 
 pytestmark = pytest.mark.slow
 
 
 def pretrain(tmp: Path, prepared: Path, corpus: Path, *extra: str) -> Path:
-    args = [f"runs_dir={tmp}", f"data.corpus_dir={corpus}", f"data.prepared_dir={prepared / 'prepared'}",
-            "data.vocab_size=1000", "data.seq_len=64", "data.val_blocks=8", "model.max_positions=66",
-            "model.dropout=0.0", "model.attn_dropout=0.0", "logging.wandb=disabled",
-            "pretrain.optim.updates=6", "pretrain.optim.warmup_updates=2", "pretrain.optim.global_batch=8",
-            "pretrain.optim.micro_batch=4", "pretrain.trainer.val_every=3", "pretrain.trainer.ckpt_every=3",
-            "pretrain.trainer.log_every=1", "pretrain.trainer.accelerator=cpu", *extra]
+    args = [*tiny_overrides(tmp, corpus, prepared, runs_dir=tmp), "model.dropout=0.0", "model.attn_dropout=0.0",
+            *stage_overrides(["pretrain"], updates=6, warmup_updates=2, global_batch=8, micro_batch=4, val_every=3,
+                             ckpt_every=3, log_every=1), "pretrain.trainer.accelerator=cpu", *extra]
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
     p = subprocess.run([sys.executable, "-m", "minimodel.cli", "pretrain", str(ROOT / "experiments" / "tiny.yaml"),
                         *args, "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

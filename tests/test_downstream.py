@@ -13,7 +13,7 @@ from minimodel.data.tokenizer import Tokenizer
 from minimodel.model import RobertaMLM
 from minimodel.results import ResultsTable
 from minimodel.surgery import plug_embeddings
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stage_overrides, tiny_overrides
 
 LOHELP = TaskConfig(kind="local", source=str(ROOT / "data" / "demo" / "task" / "lohelp"), max_len=48)
 
@@ -58,17 +58,14 @@ def test_results_table_survives_a_partial_line(tmp_path):
     assert table.path.read_text().count("\n") == 2
 
 
-ONE_STAGE = ["optim.global_batch=8", "optim.micro_batch=4", "optim.warmup_updates=1", "trainer.val_every=4",
-             "trainer.log_every=2"]
+ONE_STAGE = stage_overrides(["pretrain", "bridge", "adapt"], global_batch=8, micro_batch=4, warmup_updates=1,
+                            val_every=4, log_every=2)
 
 
 def tiny_demo(tmp: Path, prepared: Path, corpus: Path) -> list[str]:
-    stages = [f"{s}.{o}" for s in ("pretrain", "bridge", "adapt") for o in ONE_STAGE]
-    return [f"runs_dir={tmp / 'runs'}", f"data.corpus_dir={corpus}", f"data.prepared_dir={prepared / 'prepared'}",
-            "data.vocab_size=1000", "data.seq_len=64", "data.val_blocks=8", "model.max_positions=66",
-            "model.hidden=64", "model.ffn=128", "logging.wandb=disabled", *stages,
-            "pretrain.optim.updates=8", "bridge.optim.updates=4", "adapt.optim.updates=6",
-            "adapt.trainer.ckpt_every=3", "adapt.trainer.ckpt_steps=[1]",
+    return [*tiny_overrides(tmp, corpus, prepared), "model.hidden=64", "model.ffn=128", *ONE_STAGE,
+            *stage_overrides(["pretrain"], updates=8), *stage_overrides(["bridge"], updates=4),
+            *stage_overrides(["adapt"], updates=6, ckpt_every=3, ckpt_steps=[1]),
             "tasks.lohelp.max_train_examples=64", "tasks.lohelp.max_len=48", "finetune.epochs=1",
             "finetune.batch_size=16", "finetune.micro_batch=16"]
 

@@ -19,25 +19,22 @@ from pathlib import Path
 import pytest
 
 from minimodel.cli import main
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_overrides
 
 pytestmark = pytest.mark.slow
 
 GOLDEN = ROOT / "tests" / "golden" / "chain.json"
 N_LOSSES = 10
-STAGE = ["optim.updates=10", "optim.warmup_updates=2", "optim.global_batch=8", "optim.micro_batch=4",
-         "optim.lr=2e-3", "trainer.ckpt_every=5", "trainer.val_every=5", "trainer.log_every=1"]
+STAGES = stage_overrides(["pretrain", "bridge", "adapt"], updates=10, **TINY_STAGE, ckpt_every=5, val_every=5,
+                         log_every=1)
 
 
 def overrides(tmp: Path, prepared: Path, corpus: Path) -> list[str]:
-    stages = [f"{s}.{o}" for s in ("pretrain", "bridge", "adapt") for o in STAGE]
-    return [f"runs_dir={tmp / 'runs'}", f"data.corpus_dir={corpus}", f"data.prepared_dir={prepared / 'prepared'}",
-            "data.vocab_size=1000", "data.seq_len=64", "data.val_blocks=8", "data.num_workers=0",
-            "model.max_positions=66", "logging.wandb=disabled", "bridge.depth=1", "bridge.layers=1",
+    return [*tiny_overrides(tmp, corpus, prepared), "data.num_workers=0", "bridge.depth=1", "bridge.layers=1",
             "adapt.trainer.ckpt_steps=[2]", f"tasks.lohelp.source={ROOT / 'data/demo/task/lohelp'}",
             "tasks.lohelp.max_train_examples=320", "tasks.lohelp.langs=[de]", "finetune.epochs=1",
             "finetune.batch_size=32", "finetune.micro_batch=16", "finetune.trainer.log_every=1",
-            "finetune.seeds=[1]", *stages]
+            "finetune.seeds=[1]", *STAGES]
 
 
 def train_losses(metrics: Path) -> dict[str, list[float]]:

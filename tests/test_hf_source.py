@@ -32,7 +32,7 @@ from minimodel.data.tokenizer import (  # noqa: E402
 from minimodel.hf import from_hf, to_hf  # noqa: E402
 from minimodel.model import IGNORE_INDEX, PRIMARY, ModelConfig, RobertaMLM  # noqa: E402
 from minimodel.results import ResultsTable  # noqa: E402
-from tests.conftest import ROOT, real_text  # noqa: E402
+from tests.conftest import ROOT, real_text, stage_overrides, tiny_overrides  # noqa: E402
 
 BPE_VOCAB = 800  # + <mask> = 801 ids
 
@@ -172,15 +172,12 @@ def test_sentencepiece_masking_is_unchanged_by_the_general_path():
 
 
 def overrides(tmp: Path, corpus: Path, hf_dir: Path) -> list[str]:
-    stage = ["optim.global_batch=8", "optim.micro_batch=4", "optim.warmup_updates=1", "trainer.val_every=4",
-             "trainer.log_every=2"]
-    return [f"runs_dir={tmp / 'runs'}", f"data.corpus_dir={corpus}", f"data.prepared_dir={tmp / 'prepared'}",
-            "sweep=[]", "system=minipost", f"bridge.source={hf_dir}", "bridge.depth=1", "bridge.layers=1",
-            "target_langs=[de]", "data.vocab_size=1000", "data.seq_len=64", "data.val_blocks=8",
-            "data.num_workers=0", "model.max_positions=66", "logging.wandb=disabled",
-            *[f"{s}.{o}" for s in ("bridge", "adapt") for o in stage],
-            "bridge.optim.updates=6", "adapt.optim.updates=6", "adapt.trainer.ckpt_every=3",
-            "adapt.trainer.ckpt_steps=[1]", "tasks.lohelp.max_train_examples=64", "tasks.lohelp.max_len=48",
+    return [*tiny_overrides(tmp, corpus), "data.num_workers=0", "sweep=[]", "system=minipost",
+            f"bridge.source={hf_dir}", "bridge.depth=1", "bridge.layers=1", "target_langs=[de]",
+            *stage_overrides(["bridge", "adapt"], global_batch=8, micro_batch=4, warmup_updates=1, val_every=4,
+                             log_every=2),
+            *stage_overrides(["bridge"], updates=6), *stage_overrides(["adapt"], updates=6, ckpt_every=3, ckpt_steps=[1]),
+            "tasks.lohelp.max_train_examples=64", "tasks.lohelp.max_len=48",
             "finetune.epochs=1", "finetune.batch_size=16", "finetune.micro_batch=16", "finetune.mini_tasks=[]"]
 
 
@@ -254,7 +251,6 @@ def test_a_tokenizer_that_does_not_fit_the_hf_model_is_refused(tmp_path, corpus_
     experiment = str(ROOT / "experiments" / "demo.yaml")
     assert main(["prepare", experiment, *args, "--langs=en", "--no-progress"]) == 0
     from minimodel.config import load_config
-    from minimodel.systems import source_tokenizer
     from minimodel.stages.bridge import run_bridge
 
     with pytest.raises(TokenizerError, match=r"has 501 pieces but the model bridge.source=.*tiny-roberta has a "
@@ -263,20 +259,18 @@ def test_a_tokenizer_that_does_not_fit_the_hf_model_is_refused(tmp_path, corpus_
     assert not (tmp_path / "runs" / "demo" / "minipost" / "bridge").exists()  # nothing written
 
 
+@pytest.mark.slow
 def test_pretraining_with_a_hugging_face_tokenizer(tmp_path, corpus_dir, hf_dir):
     """data.source_tokenizer also serves step 1 (e.g. BL_BASE with RoBERTa's own byte-level BPE)."""
     from minimodel.config import load_config
-    from minimodel.systems import source_tokenizer
     from minimodel.data.prepare import prepare_language
     from minimodel.stages.pretrain import run_pretrain
 
-    stage = ["optim.updates=4", "optim.global_batch=8", "optim.micro_batch=4", "optim.warmup_updates=1",
-             "trainer.val_every=4", "trainer.log_every=2", "trainer.ckpt_every=4"]
     cfg = load_config(ROOT / "experiments" / "tiny.yaml", [
-        f"runs_dir={tmp_path / 'runs'}", f"data.corpus_dir={corpus_dir}", f"data.prepared_dir={tmp_path / 'p'}",
-        f"data.source_tokenizer={hf_dir}", f"model.vocab_size={BPE_VOCAB + 1}", "data.vocab_size=1000",
-        "data.seq_len=64", "data.val_blocks=8", "data.num_workers=0", "model.max_positions=66",
-        *[f"pretrain.{s}" for s in stage]])
+        *tiny_overrides(tmp_path, corpus_dir), f"data.prepared_dir={tmp_path / 'p'}",  # its own prepared dir
+        "data.num_workers=0", f"data.source_tokenizer={hf_dir}", f"model.vocab_size={BPE_VOCAB + 1}",
+        *stage_overrides(["pretrain"], updates=4, global_batch=8, micro_batch=4, warmup_updates=1, val_every=4,
+                         log_every=2, ckpt_every=4)])
     prepare_language(cfg, "en", progress=False)
     run_dir = run_pretrain(cfg, progress_bar=False).run_dir
     model, meta = load_trained_model(run_dir / "checkpoints" / "last.ckpt")

@@ -6,7 +6,7 @@ import torch
 
 from minimodel.checkpoints import load_checkpoint
 from minimodel.stages.pretrain import run_pretrain
-from tests.conftest import tiny_config
+from tests.conftest import stage_overrides, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -22,10 +22,9 @@ def read_metrics(run_dir: Path) -> dict[int, dict[str, float]]:
 
 
 def config(tmp: Path, prepared: Path, corpus: Path, *extra: str):
-    return tiny_config(tmp, corpus, f"data.prepared_dir={prepared / 'prepared'}", "pretrain.optim.updates=30",
-                       "pretrain.optim.warmup_updates=5", "pretrain.optim.global_batch=8",
-                       "pretrain.optim.micro_batch=4", "pretrain.optim.lr=2e-3", "pretrain.trainer.ckpt_every=10",
-                       "pretrain.trainer.val_every=10", "pretrain.trainer.log_every=1", *extra)
+    stage = stage_overrides(["pretrain"], updates=30, warmup_updates=5, global_batch=8, micro_batch=4, lr=2e-3,
+                            ckpt_every=10, val_every=10, log_every=1)
+    return tiny_config(tmp, corpus, *stage, *extra, prepared=prepared)
 
 
 def test_tiny_minijoint_learns_checkpoints_and_resumes_exactly(tmp_path, prepared, corpus_dir):

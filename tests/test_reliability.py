@@ -13,19 +13,15 @@ import pytest
 import torch
 
 from minimodel.checkpoints import CheckpointError, load_checkpoint
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_overrides
 
 pytestmark = pytest.mark.slow
 
-TINY = ["optim.global_batch=8", "optim.micro_batch=4", "optim.warmup_updates=2", "optim.lr=2e-3",
-        "trainer.ckpt_every=4", "trainer.val_every=8", "trainer.log_every=1"]
+STAGES = stage_overrides(["pretrain", "adapt"], updates=24, **TINY_STAGE, ckpt_every=4, val_every=8, log_every=1)
 
 
 def overrides(tmp: Path, prepared: Path, corpus: Path, *extra: str) -> list[str]:
-    stages = [f"{s}.{o}" for s in ("pretrain", "adapt") for o in TINY]
-    return [f"runs_dir={tmp}", f"data.corpus_dir={corpus}", f"data.prepared_dir={prepared / 'prepared'}",
-            "data.vocab_size=1000", "data.seq_len=64", "data.val_blocks=8", "model.max_positions=66",
-            "logging.wandb=disabled", "pretrain.optim.updates=24", "adapt.optim.updates=24", *stages, *extra]
+    return [*tiny_overrides(tmp, corpus, prepared, runs_dir=tmp), *STAGES, *extra]
 
 
 def cli(*args: str) -> subprocess.Popen:
@@ -182,10 +178,9 @@ def test_no_memory_growth_over_a_long_tiny_run(tmp_path, prepared, corpus_dir):
     real = runner.make_trainer
     runner.make_trainer = lambda cfg, stage, training, callbacks, *a: real(cfg, stage, training, [*callbacks, Probe()], *a)
     try:
-        cfg = tiny_config(tmp_path, corpus_dir, f"data.prepared_dir={prepared / 'prepared'}",
-                          "pretrain.optim.updates=600", "pretrain.optim.global_batch=8", "pretrain.optim.micro_batch=8",
-                          "pretrain.trainer.ckpt_every=200", "pretrain.trainer.val_every=100",
-                          "pretrain.trainer.log_every=10")
+        cfg = tiny_config(tmp_path, corpus_dir, *stage_overrides(["pretrain"], updates=600, global_batch=8,
+                                                                 micro_batch=8, ckpt_every=200, val_every=100,
+                                                                 log_every=10), prepared=prepared)
         run_pretrain(cfg, progress_bar=False)
     finally:
         runner.make_trainer = real

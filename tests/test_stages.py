@@ -15,18 +15,16 @@ import torch
 from minimodel.checkpoints import load_checkpoint
 from minimodel.config import ConfigError, load_config
 from minimodel.training.loggers import wandb_run_id
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stage_overrides, tiny_overrides
 from tests.test_reliability import cli, kill_when, run_to_end
 
 EXP = str(ROOT / "experiments" / "demo.yaml")
 
 
 def base(tmp: Path, prepared: Path, corpus: Path) -> list[str]:
-    return [f"runs_dir={tmp}", f"data.corpus_dir={corpus}", f"data.prepared_dir={prepared / 'prepared'}",
-            "data.vocab_size=1000", "data.seq_len=64", "data.val_blocks=8", "model.max_positions=66",
-            "logging.wandb=disabled", "system=bl_base", "model.mini_heads=[]", "pretrain.optim.updates=6",
-            "pretrain.optim.global_batch=8", "pretrain.optim.micro_batch=4", "pretrain.optim.warmup_updates=2",
-            "pretrain.trainer.ckpt_every=6", "pretrain.trainer.val_every=6",
+    return [*tiny_overrides(tmp, corpus, prepared, runs_dir=tmp), "system=bl_base", "model.mini_heads=[]",
+            *stage_overrides(["pretrain"], updates=6, global_batch=8, micro_batch=4, warmup_updates=2, ckpt_every=6,
+                             val_every=6),
             f"tasks.lohelp.source={ROOT / 'data/demo/task/lohelp'}", "tasks.lohelp.max_train_examples=960",
             "finetune.epochs=1", "finetune.batch_size=8", "finetune.micro_batch=8", "finetune.trainer.ckpt_every=10",
             "finetune.trainer.val_every=40", "finetune.trainer.log_every=1", "task=lohelp", "seed=1"]
