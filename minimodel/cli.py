@@ -22,8 +22,10 @@ def _stopped(results: Any) -> str:
     """The signal that stopped a stage of ``results`` (one StageResult or a list) early, or "".
 
     A stage stopped by ``trainer.stop_at`` or ``trainer.max_minutes`` exits 0 (it logs that it stopped)."""
+    from minimodel.training.runner import Outcome  # only training commands get here: Lightning is loaded already
+
     for r in results if isinstance(results, list) else [results]:
-        if r.outcome.value == "interrupted":
+        if r.outcome is Outcome.INTERRUPTED:
             return r.reason
     return ""
 

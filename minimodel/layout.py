@@ -28,6 +28,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minimodel.config import ExperimentConfig
 
 DONE = "done.json"
 CONFIG = "config.yaml"
@@ -46,8 +50,8 @@ class Layout:
     name: str
 
     @classmethod
-    def of(cls, cfg: object) -> Layout:
-        return cls(Path(cfg.runs_dir), cfg.name)  # type: ignore[attr-defined]
+    def of(cls, cfg: ExperimentConfig) -> Layout:
+        return cls(Path(cfg.runs_dir), cfg.name)
 
     @property
     def root(self) -> Path:
