@@ -16,7 +16,7 @@ from minimodel.checkpoints import load_checkpoint
 from minimodel.config import ConfigError, load_config
 from minimodel.training.loggers import wandb_run_id
 from tests.conftest import ROOT, stage_overrides, tiny_overrides
-from tests.test_reliability import cli, kill_when, run_to_end
+from tests.test_reliability import cli, kill_when, mid_way, run_to_end
 
 EXP = str(ROOT / "experiments" / "demo.yaml")
 
@@ -45,17 +45,8 @@ def test_finetuning_killed_twice_then_resumed_equals_an_uninterrupted_run(tmp_pa
     ref_dir = straight / "demo" / "bl_base" / "finetune" / "lohelp" / "seed1"
     assert max(losses(ref_dir)) == 119  # 960 examples / 8 per update, one epoch
 
-    def past(step: int):
-        def ready() -> bool:
-            try:
-                last = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
-                return last["global_step"] >= step and (step - 1) in losses(run_dir)
-            except Exception:  # not written yet, or caught mid-write
-                return False
-        return ready
-
     for step in (20, 70):
-        kill_when(cli("finetune", EXP, *base(killed, prepared, corpus_dir)), past(step))
+        kill_when(cli("finetune", EXP, *base(killed, prepared, corpus_dir)), mid_way(run_dir, step, 10))
         assert not (run_dir / "done.json").exists() and not (run_dir / "model.pt").exists()
     run_to_end("finetune", EXP, *base(killed, prepared, corpus_dir))
     assert losses(run_dir) == losses(ref_dir)
