@@ -1,7 +1,6 @@
-"""Batched evaluation of a (body, head) pair on a task's featurised records (``data.tasks.TaskData``).
-
-Hub tasks (xnli, pawsx, mlqa, xquad) train on the English split of ``TaskSpec.train_task`` (SQuAD
-v1.1 for the QA tasks); local tasks are ``LocalClassificationTask`` directories."""
+"""Task heads and batched evaluation of a (body, head) pair on a task's featurised records: accuracy for
+classification, SQuAD / MLQA F1 and exact match for extractive QA. Loading and featurising tasks is
+``data.tasks`` (``TaskData``), which does not need torch."""
 
 from __future__ import annotations
 
