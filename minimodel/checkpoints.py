@@ -13,8 +13,11 @@ names the file. Bump ``FORMAT`` and add a migration in ``_migrate`` whenever a p
 
 from __future__ import annotations
 
+import errno
 import os
+import pickle
 import random
+import re
 import shutil
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -36,8 +39,8 @@ __all__ = ["FORMAT", "CheckpointError", "TrainingMeta", "Adaptation", "Finetuned
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """torch.save to a temporary file in the same folder, fsync, then rename over the target: a crash or a
-    full disk leaves the previous file untouched and no partial file behind."""
+    """torch.save to a temporary file in the same folder, fsync, then rename over the target: a crash, a
+    full disk or an interrupt leaves the previous file untouched and no partial file behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -46,24 +49,66 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:  # torch reports a full disk as RuntimeError ("enforce fail"), not OSError
         tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"writing checkpoint {path} failed: {e}; the previous checkpoint is untouched") from e
+        if not isinstance(e, (OSError, RuntimeError)):
+            raise
+        needed = payload_bytes(obj)
+        free = shutil.disk_usage(path.parent).free
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or free < needed:
+            raise CheckpointError(f"disk full while writing {path}: {needed:,} bytes needed, {free:,} free on "
+                                  f"{path.parent}; free some space and rerun (the previous checkpoint is untouched)") from e
+        raise CheckpointError(f"writing checkpoint {path} failed ({type(e).__name__}: {e}); "
+                              f"the previous checkpoint is untouched") from e
+
+
+def payload_bytes(obj: Any) -> int:
+    """The bytes of the tensors in ``obj`` (nested dicts, lists and tuples): about what saving it needs."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(payload_bytes(v) for v in obj)
+    return 0
+
+
+def _numpy_array_globals() -> list[Any]:
+    """What the safe unpickler needs to rebuild a plain numpy array: checkpoints written before RNG states
+    were stored as tensors hold numpy's RNG key array (uint32)."""
+    core = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
+    return [np.ndarray, np.dtype, core.multiarray._reconstruct, type(np.dtype(np.uint32))]
 
 
 def load_checkpoint(path: Path) -> dict:
-    """torch.load with a clear error for missing, truncated or corrupt files."""
+    """torch.load as data only (``weights_only=True``: tensors, numbers, strings, lists, dicts; no code runs),
+    with clear errors for missing, truncated, corrupt and unsafe files."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # truncated zip, bad pickle, ...
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: {e}); "
+        with torch.serialization.safe_globals(_numpy_array_globals()):
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        unsafe = re.search(r"unsupported global:? (GLOBAL )?(\S+)", str(e), re.IGNORECASE)
+        if unsafe:
+            raise CheckpointError(
+                f"refusing to load {path}: it holds a Python object ({unsafe.group(2)}) whose loading could run "
+                f"code; minimodel reads checkpoints as plain data (tensors, numbers, strings, lists) only. "
+                f"Do not use files of unknown origin") from e
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({_first_line(e)}); "
+                              f"delete it to fall back to an earlier one") from e
+    except Exception as e:  # truncated zip, bad magic number, ...
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: {_first_line(e)}); "
                               f"delete it to fall back to an earlier one") from e
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"checkpoint {path} does not hold a checkpoint dictionary")
     return ckpt
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return lines[-1].strip() if isinstance(e, pickle.UnpicklingError) and lines else (lines[0] if lines else "")
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
@@ -78,7 +123,10 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """The RNG states of torch, numpy and Python, as data the safe unpickler reads (tensors, ints, tuples)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
+    state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -86,7 +134,9 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    kind, keys, *rest = state["numpy"]  # keys: a tensor, or a numpy array in checkpoints before format 2
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+    np.random.set_state((kind, keys.astype(np.uint32), *rest))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -211,6 +261,7 @@ class Finetuned(Payload):
     body: str = "primary"
     source: str = ""  # the checkpoint the finetuned body came from
     tokenizer: dict = field(default_factory=dict)
+    train_sha256: str = ""  # of the local train file finetuned on ("" for hub data and older files)
     english: dict = field(default_factory=dict)  # {"dev": {metric: value}, "test": {...}}
     step: int = 0
     stage: str = "finetune"

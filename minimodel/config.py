@@ -12,8 +12,10 @@ under ``pretrain.optim``. Base files may have their own ``defaults``.
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +47,17 @@ class ModelConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        if self.hidden % self.heads != 0:
-            raise ValueError(f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})")
         for name in ("vocab_size", "hidden", "layers", "heads", "ffn", "max_positions"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+                raise ValueError(f"model.{name} must be a positive integer, got {getattr(self, name)}")
+        if self.hidden % self.heads != 0:
+            raise ValueError(f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})")
+        for name in ("dropout", "attn_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        for name in ("layer_norm_eps", "init_std"):
+            if not 0.0 < getattr(self, name) < math.inf:
+                raise ValueError(f"model.{name} must be a positive number, got {getattr(self, name)}")
         if not 0 <= self.pad_id < self.vocab_size:
             raise ValueError(f"model.pad_id ({self.pad_id}) must be a token id below vocab_size ({self.vocab_size})")
         depths = list(self.mini_heads)
@@ -304,8 +312,22 @@ def _parse_override(item: str) -> tuple[str, Any]:
     key, sep, value = item.partition("=")
     if not sep or not key:
         raise ConfigError(f"override {item!r}: expected key=value (e.g. pretrain.optim.updates=1000)")
-    parsed = OmegaConf.create({"v": value} if value == "" else f"v: {value}")["v"]
+    try:
+        parsed = OmegaConf.create({"v": value} if value == "" else f"v: {value}")["v"]
+    except Exception as e:  # yaml's scanner / parser errors, or OmegaConf's on what they produced
+        raise ConfigError(f"override {item!r}: not a valid value ({_value_problem(e)}); write a number, a word, "
+                          f"a [list] or a {{mapping}} in YAML, and quote a string that holds YAML's signs "
+                          f"(in the shell: {key.strip()}=\"'...'\")") from e
     return key.strip(), parsed
+
+
+def _value_problem(e: Exception) -> str:
+    """What the YAML parser (or OmegaConf) found wrong, on one line and without YAML's positions (they count
+    from the ``v: `` the value is parsed under)."""
+    parts = [str(getattr(e, name)) for name in ("context", "problem") if getattr(e, name, None)]
+    if type(e).__module__.partition(".")[0] == "yaml":  # PyYAML's errors (omegaconf's dependency)
+        return "YAML: " + (": ".join(parts) if parts else str(e).splitlines()[0])
+    return str(e).splitlines()[0]
 
 
 def _merge(base: DictConfig, fragment: DictConfig, source: str, error: type[ConfigError] = ConfigError,
@@ -378,6 +400,7 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     def fail(msg: str) -> None:
         raise ConfigError(f"{source}: {msg}")
 
+    _validate_sizes(cfg, fail)
     if cfg.model.max_positions < cfg.data.seq_len + 2:
         fail(f"model.max_positions ({cfg.model.max_positions}) must be at least data.seq_len + 2 ({cfg.data.seq_len + 2})")
     if not 0.0 < cfg.data.mask_prob < 1.0:
@@ -396,6 +419,95 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
         o = getattr(cfg, stage).optim
         if o.global_batch % o.micro_batch:
             fail(f"{stage}.optim.global_batch ({o.global_batch}) must be a multiple of micro_batch ({o.micro_batch})")
+
+
+MIN_SEQ_LEN = 8  # an MLM block is <s> and seq_len - 1 tokens, data.mask_prob of them masked
+MAX_SEED = 2**32 - 1  # what numpy (and so Lightning's seed_everything) accepts
+
+
+class _Sizes:
+    """Checks of sizes, counts and rates: a zero or negative one fails at load time, naming the key."""
+
+    def __init__(self, fail: Any) -> None:
+        self.fail = fail
+
+    def integer(self, key: str, value: int, low: int = 1, high: int | None = None,
+                what: str = "a positive integer") -> None:
+        if value < low or (high is not None and value > high):
+            self.fail(f"{key} must be {what}, got {value}")
+
+    def count(self, key: str, value: int, what: str = "0 or a positive integer") -> None:
+        self.integer(key, value, 0, what=what)
+
+    def number(self, key: str, value: float, zero: bool = False) -> None:
+        if not (value >= 0.0 if zero else value > 0.0) or not value < math.inf:  # (nan fails both)
+            self.fail(f"{key} must be {'0 or a positive number' if zero else 'a positive number'}, got {value}")
+
+    def fraction(self, key: str, value: float) -> None:
+        if not 0.0 <= value < 1.0:
+            self.fail(f"{key} must be in [0, 1), got {value}")
+
+    def seed(self, key: str, value: int, what: str = "") -> None:
+        self.integer(key, value, 0, MAX_SEED, what=what or f"in 0..{MAX_SEED}")
+
+    def adam(self, prefix: str, o: OptimConfig | FinetuneConfig) -> None:
+        self.number(f"{prefix}.eps", o.eps)
+        self.number(f"{prefix}.weight_decay", o.weight_decay, zero=True)
+        self.number(f"{prefix}.grad_clip", o.grad_clip, zero=True)
+        if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
+            self.fail(f"{prefix}.betas must be two numbers in [0, 1) (Adam's beta1, beta2), got {list(o.betas)}")
+
+    def optim(self, prefix: str, o: OptimConfig) -> None:
+        for name in ("updates", "global_batch", "micro_batch"):
+            self.integer(f"{prefix}.{name}", getattr(o, name))
+        self.count(f"{prefix}.warmup_updates", o.warmup_updates)
+        self.number(f"{prefix}.lr", o.lr)
+        self.adam(prefix, o)
+
+    def trainer(self, prefix: str, t: TrainerConfig) -> None:
+        for name in ("ckpt_every", "val_every", "log_every", "num_nodes"):
+            self.integer(f"{prefix}.{name}", getattr(t, name))
+        self.count(f"{prefix}.val_batches", t.val_batches, "0 (all) or a positive integer")
+        self.count(f"{prefix}.stop_at", t.stop_at, "0 (no stop) or a positive integer")
+        for step in t.ckpt_steps:
+            self.integer(f"{prefix}.ckpt_steps", step, what="a list of positive update counts")
+        self.seed(f"{prefix}.seed", t.seed)
+        self.number(f"{prefix}.max_minutes", t.max_minutes, zero=True)
+        if isinstance(t.devices, int) and not isinstance(t.devices, bool) and (t.devices == 0 or t.devices < -1):
+            self.fail(f"{prefix}.devices must be a positive number of devices, -1 (all), a list of device ids "
+                      f"or auto, got {t.devices}")
+
+
+def _validate_sizes(cfg: ExperimentConfig, fail: Any) -> None:
+    check, d, f = _Sizes(fail), cfg.data, cfg.finetune
+    check.integer("data.vocab_size", d.vocab_size)
+    check.integer("data.seq_len", d.seq_len, MIN_SEQ_LEN, what=f"at least {MIN_SEQ_LEN} (tokens per MLM block)")
+    check.count("data.val_blocks", d.val_blocks)
+    check.count("data.num_workers", d.num_workers)
+    for name in ("encode_threads", "shard_bytes", "spm_max_sentences"):
+        check.integer(f"data.{name}", getattr(d, name))
+    if not 0.0 < d.spm_character_coverage <= 1.0:
+        fail(f"data.spm_character_coverage must be in (0, 1], got {d.spm_character_coverage}")
+    for stage in ("pretrain", "bridge", "adapt"):
+        check.optim(f"{stage}.optim", getattr(cfg, stage).optim)
+        check.trainer(f"{stage}.trainer", getattr(cfg, stage).trainer)
+    check.integer("bridge.depth", cfg.bridge.depth)
+    check.integer("bridge.layers", cfg.bridge.layers)
+    check.number("finetune.epochs", f.epochs)
+    check.fraction("finetune.warmup_ratio", f.warmup_ratio)
+    for name in ("batch_size", "micro_batch", "eval_batch"):
+        check.integer(f"finetune.{name}", getattr(f, name))
+    check.adam("finetune", f)
+    for seed in f.seeds:
+        check.seed("finetune.seeds", seed, f"a list of seeds in 0..{MAX_SEED}")
+    check.trainer("finetune.trainer", f.trainer)
+    check.seed("seed", cfg.seed, f"in 0..{MAX_SEED} (0: every seed of finetune.seeds)")
+    for name, t in cfg.tasks.items():
+        check.number(f"tasks.{name}.lr", t.lr)
+        check.integer(f"tasks.{name}.max_len", t.max_len, MIN_SEQ_LEN, what=f"at least {MIN_SEQ_LEN} (tokens per input)")
+        for key in ("stride", "max_answer_len", "n_best"):
+            check.integer(f"tasks.{name}.{key}", getattr(t, key))
+        check.count(f"tasks.{name}.max_train_examples", t.max_train_examples, "0 (all) or a positive integer")
 
 
 def _validate_tasks(cfg: ExperimentConfig, fail: Any) -> None:
@@ -427,3 +539,123 @@ def save_config(cfg: ExperimentConfig, path: Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(to_yaml(cfg))
     os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------- a finished stage run, a new configuration
+
+_DATA_READ = ("data.prepared_dir", "data.vocab_size", "data.source_tokenizer")  # tokenizers and shards a stage reads
+_MLM_DATA = (*_DATA_READ, "data.seq_len", "data.mask_prob", "data.val_blocks")
+_OPTIM = ("lr", "betas", "eps", "weight_decay", "warmup_updates", "updates", "global_batch", "grad_clip")
+_TRAINER = ("precision", "seed")  # numerics, the random stream
+_FINETUNE = ("epochs", "warmup_ratio", "batch_size", "weight_decay", "betas", "eps", "grad_clip")
+_TASK = tuple(f.name for f in fields(TaskConfig) if f.name != "langs")  # langs: evaluation languages (step 4)
+_PATHS = ("data.prepared_dir", "data.source_tokenizer", "bridge.source", "tasks.*.source", "tasks.*.train_source")
+LENGTH = {"pretrain": "pretrain.optim.updates", "bridge": "bridge.optim.updates", "adapt": "adapt.optim.updates",
+          "finetune": "finetune.epochs"}
+"""The key that says how long a stage trains (its learning rate decays to 0 at the end of it)."""
+
+
+def stage_identity(stage: str) -> tuple[str, ...]:
+    """The config keys (a section stands for every key under it) that decide what the stage run ``stage``
+    (``pretrain``, ``bridge``, ``adapt/de``, ``finetune/xnli/seed1[/mini]``) produces.
+
+    Adaptation's checkpoint schedule is part of it (its checkpoints are the points of step 4's curves); not
+    part of it: where and how fast it runs (accelerator, devices, nodes, strategy, compile, micro-batches, data
+    workers), how often it logs, validates and (other stages) checkpoints, when one command stops it
+    (``trainer.stop_at``, ``trainer.max_minutes``), logging and wandb, the corpus (a stage reads
+    ``data.prepared_dir``), the command's selectors (lang, task, seed, body: the run directory spells them), the
+    system and tag (MiniPost finetunes in BL_BASE's directories), and the settings of the runs it reads
+    (checked when those run)."""
+    kind, _, rest = stage.partition("/")
+    trainer = tuple(f"{kind}.trainer.{k}" for k in _TRAINER)
+    if kind == "finetune":
+        task = rest.split("/")[0]
+        return ("source_lang", "model", *_DATA_READ, "bridge.source", *(f"finetune.{k}" for k in _FINETUNE),
+                *trainer, *(f"tasks.{task}.{k}" for k in _TASK))
+    extra = {"bridge": ("bridge.depth", "bridge.layers", "bridge.source"), "adapt": ("adapt.init", "adapt.trainer.ckpt_every", "adapt.trainer.ckpt_steps")}.get(kind, ())
+    return ("source_lang", "model", *_MLM_DATA, *(f"{kind}.optim.{k}" for k in _OPTIM), *trainer, *extra)
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists stay values."""
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _same(key: str, old: Any, new: Any) -> bool:
+    if old == new:
+        return True
+    if any(fnmatchcase(key, p) for p in _PATHS) and isinstance(old, str) and isinstance(new, str) and old and new:
+        return Path(old).expanduser().resolve() == Path(new).expanduser().resolve()
+    return False
+
+
+_NOT_SET = "(not set)"
+
+
+def stage_changes(saved: dict, current: dict, stage: str) -> list[tuple[str, Any, Any]]:
+    """``(key, saved value, current value)`` for each key of ``stage_identity(stage)`` that differs between
+    ``saved`` (a stage run's ``config.yaml`` as a plain dict) and ``current`` (a config as a plain dict).
+
+    A key the saved file lacks (written by an older version) counts as its default; a key the schema no longer
+    has is ignored; paths that resolve to the same place are the same."""
+    identity = stage_identity(stage)
+    old, new = _flatten(saved), _flatten(current)
+    defaults = _flatten(OmegaConf.to_container(OmegaConf.structured(ExperimentConfig)))
+    changes = []
+    for key in sorted(new):
+        if not any(key == k or key.startswith(k + ".") for k in identity):
+            continue
+        before = old.get(key, defaults.get(key, _NOT_SET))
+        if not _same(key, before, new[key]):
+            changes.append((key, before, new[key]))
+    return changes
+
+
+def check_finished(cfg: ExperimentConfig, stage: str, run_dir: Path, finished: bool = True) -> None:
+    """A finished stage run is this configuration's result only when the settings that decide it (see
+    ``stage_identity``) are those it ran with (its ``config.yaml``); otherwise a ``ConfigError`` lists them.
+    The same holds for a run stopped before its end (``finished=False``): resuming it with other settings
+    would mix two runs in one.
+
+    A finished run is never extended: its learning rate has decayed to 0 at its last update
+    (``training/optim.py``), so more updates on top of it are not the schedule of a longer run."""
+    from minimodel.layout import CONFIG
+
+    path = run_dir / CONFIG
+    if not path.is_file():  # finished before runs kept their config: nothing to compare with
+        return
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as e:  # yaml / omegaconf errors
+        raise ConfigError(f"{path}: not valid YAML ({_value_problem(e)}); it records the settings the finished run "
+                          f"{run_dir} ran with: restore it, or delete {run_dir} to train the stage again") from e
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{path}: expected a mapping (the settings the finished run {run_dir} ran with): "
+                          f"restore it, or delete {run_dir} to train the stage again")
+    changes = stage_changes(saved, OmegaConf.to_container(OmegaConf.structured(cfg)), stage)  # type: ignore[arg-type]
+    if not changes:
+        return
+    elsewhere = f"set another name= or runs_dir= (or delete {run_dir} to train it again)"
+    key, before, after = changes[0]
+    longer = key == LENGTH.get(stage.partition("/")[0]) and isinstance(before, (int, float)) and after > before
+    if not finished:
+        listed = "; ".join(f"{k}: {b!r} -> {a!r}" for k, b, a in changes)
+        raise ConfigError(
+            f"{run_dir} holds a run stopped before its end that ran with other settings than this configuration's "
+            f"({path}): {listed}. Resuming it would mix the two; rerun with the settings it ran with to finish it, "
+            f"or train the new ones in a new run: {elsewhere}")
+    if len(changes) == 1 and longer:
+        raise ConfigError(
+            f"{run_dir} is finished with {key}={before} and cannot be continued to {after}: its learning rate "
+            f"decayed linearly to 0 at its last update, so more updates on top of it would not follow the "
+            f"schedule of a {key}={after} run. Train {key}={after} in a new run: {elsewhere}; or keep "
+            f"{key}={before} to use the finished run")
+    listed = "; ".join(f"{k}: {b!r} -> {a!r}" for k, b, a in changes)
+    raise ConfigError(
+        f"{run_dir} is finished, but it ran with other settings than this configuration's ({path}): {listed}. "
+        f"Rerun with the settings it ran with, or train the new ones in a new run: {elsewhere}")

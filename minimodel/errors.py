@@ -18,5 +18,10 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used, with a message naming the file."""
 
 
+class TaskDataError(UserError, ValueError):
+    """A downstream task's data (directory, file, record) that cannot be used, with a message naming the
+    file and line and the fix."""
+
+
 class NonFiniteLossError(UserError, RuntimeError):
     """Training produced a NaN/inf loss."""

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from minimodel.errors import UserError
+
 if TYPE_CHECKING:
     from minimodel.config import ExperimentConfig
 
@@ -130,9 +132,23 @@ def is_done(run_dir: Path) -> bool:
 
 
 def read_done(run_dir: Path) -> dict | None:
-    """What a finished stage run recorded (stage, step, checkpoint, flops, final metrics, ...), or None."""
+    """What a finished stage run recorded (stage, step, checkpoint, flops, final metrics, ...), or None.
+
+    A ``done.json`` that is not a JSON object (cut short, edited, another file) raises a ``UserError`` naming it."""
     path = run_dir / DONE
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}); this file marks the stage run as finished: delete it and "
+                        f"rerun the same command to finish the stage again from its last checkpoint "
+                        f"(or restore the file)") from e
+    if not isinstance(info, dict):
+        raise UserError(f"{path} holds a JSON {type(info).__name__}, not the object a finished stage run records; "
+                        f"delete it and rerun the same command to finish the stage again from its last checkpoint "
+                        f"(or restore the file)")
+    return info
 
 
 def write_done(run_dir: Path, info: dict) -> None:

@@ -39,11 +39,23 @@ class RankZero(logging.Filter):
         return True
 
 
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a message is emitted (pytest and notebooks swap it)."""
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
 def setup(level: int = logging.INFO) -> None:
     """Configure the ``minimodel`` logger once per process (idempotent)."""
     root = logging.getLogger("minimodel")
     if not any(getattr(h, "_minimodel", False) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = StderrHandler()
         handler.setFormatter(logging.Formatter(f"{PREFIX}%(rank_tag)s %(message)s"))
         handler.addFilter(RankZero())
         handler._minimodel = True  # type: ignore[attr-defined]

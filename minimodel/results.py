@@ -10,7 +10,28 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from minimodel.log import get_logger
+
+log = get_logger(__name__)
+
 KEY = ("system", "body", "task", "lang", "seed", "step")
+FIELDS = {**dict.fromkeys(("system", "body", "task", "lang", "split", "metric"), str),
+          **dict.fromkeys(("seed", "step"), int), **dict.fromkeys(("flops", "v100_days", "value"), float)}
+"""Every row's keys and their types (an int is a float too); what the report reads."""
+
+
+def is_row(r: object) -> bool:
+    """A JSON object with every field of ``FIELDS``, of its type."""
+    if not isinstance(r, dict):
+        return False
+    for key, kind in FIELDS.items():
+        value = r.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
+            return False
+    return True
+
+
+_WARNED: set[tuple[str, int, int]] = set()
 
 
 class ResultsTable:
@@ -18,18 +39,34 @@ class ResultsTable:
         self.path = Path(path)
 
     def rows(self) -> list[dict]:
-        """Every complete row; a line cut short by an interruption is ignored."""
+        """Every complete row. A last line cut short by an interruption is ignored (the next append cuts it);
+        lines that are not a row (not JSON, not an object with every field of ``FIELDS``) are skipped with one
+        warning per file that counts them."""
         if not self.path.exists():
             return []
-        out = []
-        with open(self.path, encoding="utf-8") as f:
+        out, cut, bad = [], False, 0
+        with open(self.path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 if not line.endswith("\n"):
-                    break  # a partial last line
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
+                    cut = True  # a partial last line: the next append cuts it (see _repair)
+                    break
+                if not line.strip():
                     continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    row = None
+                if is_row(row):
+                    out.append(row)
+                else:
+                    bad += 1
+        seen = (str(self.path.resolve()), self.path.stat().st_size, bad)
+        if bad and seen not in _WARNED:  # (once per process and file: the report reads the results twice)
+            _WARNED.add(seen)
+            log.warning(f"{self.path}: skipped {bad} line(s) that are not result rows (not JSON, or not an object "
+                        f"with {', '.join(FIELDS)})" + (" and a last line cut short" if cut else "")
+                        + "; the other rows are used (remove those lines, or rerun `minimodel evaluate` for "
+                        "the rows they held)")
         return out
 
     def keys(self) -> set[tuple]:

@@ -95,8 +95,8 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, p
         return real_save(obj, f, *a, **k)
 
     monkeypatch.setattr(torch, "save", full_disk)
-    with pytest.raises(CheckpointError, match=r"step0000004.ckpt failed: \[Errno 28\] No space left on device; "
-                                                     r"the previous checkpoint is untouched"):
+    with pytest.raises(CheckpointError, match=r"disk full while writing .*step0000004.ckpt: [\d,]+ bytes needed, "
+                                              r"[\d,]+ free on .*; free some space and rerun"):
         run_pretrain(c, progress_bar=False)
     ckpts = runs(c).pretrain / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt", "step0000002.ckpt"]  # no temp file left
@@ -132,3 +132,21 @@ def test_task_longer_than_the_model_positions(tmp_path, prepared, corpus_dir):
     with pytest.raises(ConfigError, match=r"tasks.xnli.max_len \(256\) exceeds the model's positions "
                                           r"\(model.max_positions - 2 = 64\): set tasks.xnli.max_len"):
         check_task_fits(c, "xnli")
+
+
+def test_a_last_checkpoint_without_its_loop_state_is_named(tmp_path, prepared, corpus_dir, capsys):
+    from tests.conftest import tiny_overrides
+
+    args = ["pretrain", str(ROOT / "experiments" / "tiny.yaml"), *tiny_overrides(tmp_path, corpus_dir, prepared),
+            "data.num_workers=0", *stage_overrides(["pretrain"], updates=4, global_batch=8, micro_batch=4,
+                                                   ckpt_every=2), "--no-progress"]
+    assert main([*args, "pretrain.trainer.stop_at=2"]) == 0
+    last = tmp_path / "runs" / "tiny" / "minijoint" / "pretrain" / "checkpoints" / "last.ckpt"
+    ckpt = load_checkpoint(last)
+    del ckpt["loops"]
+    last.unlink()  # a hard link to step0000002.ckpt: replace it, keep the step file
+    torch.save(ckpt, last)
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"pretrain: error: {last} cannot resume training: it lacks loops" in err and "Traceback" not in err

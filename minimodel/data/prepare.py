@@ -8,13 +8,15 @@ so they never collide with SentencePiece shards of the same corpus."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from minimodel.config import ExperimentConfig
-from minimodel.data.corpus import find_corpus, iter_documents
-from minimodel.data.shards import encode_corpus
+from minimodel.data.corpus import check_text, find_corpus, iter_documents
+from minimodel.data.shards import check_writable, encode_corpus
 from minimodel.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError, train_tokenizer
 from minimodel.layout import Prepared, prepared
+from minimodel.locks import exclusive
 from minimodel.log import get_logger
 from minimodel.systems import source_tokenizer
 
@@ -37,7 +39,17 @@ def prepare_language(cfg: ExperimentConfig, lang: str, progress: bool = True) ->
     (resuming where it stopped)."""
     paths = prepared_paths(cfg, lang)
     corpus = find_corpus(cfg.data.corpus_dir, lang)
+    check_text(corpus)  # binary data, UTF-16, ...: said before reading on to the first blank line
     next(iter_documents(corpus))  # fails clearly on a missing, empty or unreadable corpus
+    directory = Path(cfg.data.prepared_dir) / lang
+    if directory.is_dir() and not os.access(directory, os.W_OK):  # shared read-only data: nothing to lock
+        return _prepare(cfg, lang, paths, corpus, progress)
+    check_writable(directory)
+    with exclusive(directory, f"prepare {lang}"):  # one writer of a language's tokenizer and shards
+        return _prepare(cfg, lang, paths, corpus, progress)
+
+
+def _prepare(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path, progress: bool) -> Prepared:
     tok: Tokenizer | HFTokenizer
     if paths.hf:
         tok = HFTokenizer(paths.tokenizer)
@@ -47,6 +59,7 @@ def prepare_language(cfg: ExperimentConfig, lang: str, progress: bool = True) ->
         tok = Tokenizer(paths.tokenizer)
         log.info(f"prepare {lang}: tokenizer {paths.tokenizer} exists ({tok.vocab_size} pieces)")
     else:
+        check_writable(Path(paths.tokenizer).parent)  # before the time spent training
         log.info(f"prepare {lang}: training SentencePiece ({cfg.data.vocab_size} pieces) on {corpus}")
         tok = train_tokenizer(corpus, Path(paths.tokenizer), cfg.data.vocab_size, cfg.data.spm_model_type,
                               cfg.data.spm_max_sentences, cfg.data.spm_character_coverage, cfg.data.encode_threads)
@@ -59,10 +72,19 @@ def prepare_language(cfg: ExperimentConfig, lang: str, progress: bool = True) ->
     return paths
 
 
-def load_source_tokenizer(cfg: ExperimentConfig, model: object | None = None, model_name: str = "") -> AnyTokenizer:
+def load_source_tokenizer(cfg: ExperimentConfig, model: object | None = None, model_name: str = "",
+                          trained_with: dict | None = None) -> AnyTokenizer:
     """The source language's tokenizer (SentencePiece from `prepare`, or a Hugging Face one), checked against
-    ``model`` (a ``RobertaMLM``: vocabulary size and padding id) or, without one, against ``model:``."""
+    ``model`` (a ``RobertaMLM``: vocabulary size and padding id) or, without one, against ``model:``, and
+    against ``trained_with``, the tokenizer record (path, sha256) stored with the model's checkpoint: another
+    tokenizer of the same size would silently feed the model the wrong ids."""
     tok = load_prepared_tokenizer(cfg, cfg.source_lang)
+    expected = (trained_with or {}).get("sha256")
+    if expected and tok.sha256 != expected:
+        raise TokenizerError(
+            f"tokenizer {tok.path} (sha256 {tok.sha256[:12]}) is not the one {model_name or 'the model'} was trained "
+            f"with ({trained_with.get('path', '?')}, sha256 {expected[:12]}): restore that tokenizer, or point "
+            f"data.prepared_dir at the prepared data the model was trained on")  # type: ignore[union-attr]
     if model is None:
         vocab, pad = cfg.model.vocab_size, cfg.model.pad_id
         has_vocab, pads = f"model.vocab_size is {vocab}", f"model.pad_id is {pad}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,17 @@ class ShardError(UserError, ValueError):
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
+
+
+def check_writable(directory: Path) -> None:
+    """Create ``directory`` if needed and write a probe file there; ShardError naming it when that fails."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        raise ShardError(f"cannot write to {directory} ({e.strerror or e}): the prepared data goes there; make it "
+                         f"writable or set data.prepared_dir to a writable directory") from e
 
 
 def _chunks(corpus: Path, shard_bytes: int) -> Iterator[tuple[list[list[str]], int]]:
@@ -113,7 +125,6 @@ def encode_corpus(
     progress: bool = True,
 ) -> dict:
     """Encode ``corpus`` into ``out_dir``; returns the manifest. Safe to interrupt and call again."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     source = {"corpus": str(corpus), "corpus_bytes": corpus.stat().st_size if corpus.exists() else -1,
               "tokenizer_sha256": tok.sha256, "shard_bytes": shard_bytes,
               "dtype": token_dtype(tok.vocab_size).name, "vocab_size": tok.vocab_size}
@@ -129,6 +140,7 @@ def encode_corpus(
             return manifest
     else:
         manifest = {**source, "shards": [], "complete": False}
+    check_writable(out_dir)  # before encoding, not after the first shard's worth of work
     done = {e["index"]: e for e in manifest["shards"] if _shard_ok(out_dir, e)}
     manifest["shards"] = [done[i] for i in sorted(done)]
     manifest["complete"] = False

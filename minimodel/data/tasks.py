@@ -13,6 +13,7 @@ downloads (``data -> paragraphs -> qas``). In CSV/TSV files, QA ``answers`` is a
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -22,12 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from minimodel.config import TaskConfig
 from minimodel.data.tokenizer import PAD, AnyTokenizer
+from minimodel.errors import TaskDataError
 
 if TYPE_CHECKING:  # torch is imported where tensors are made, so that reading tasks (the report) stays light
     import torch
 
 EXTENSIONS = ("jsonl", "json", "parquet", "csv", "tsv")
 Offset = tuple[int, int] | None
+
+
+class TaskFileNotFoundError(TaskDataError, FileNotFoundError):
+    """A task directory or split file that does not exist."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ TASKS: dict[str, TaskSpec] = {
 
 def get_task(name: str) -> TaskSpec:
     if name not in TASKS:
-        raise ValueError(f"unknown task '{name}' (known: {', '.join(TASKS)})")
+        raise TaskDataError(f"unknown task '{name}' (known: {', '.join(TASKS)})")
     return TASKS[name]
 
 
@@ -88,10 +94,10 @@ def load_task_split(task: str, lang: str, split: str, source: str | Path | None 
     the local directory (or file) ``source`` in the hub schema (checked, with the file and line named)."""
     spec = get_task(task)
     if split not in spec.splits:
-        raise ValueError(f"{task} has no split '{split}' (splits: {', '.join(spec.splits)})")
+        raise TaskDataError(f"{task} has no split '{split}' (splits: {', '.join(spec.splits)})")
     if source is None:
         if lang not in spec.languages:
-            raise ValueError(f"{task} has no language '{lang}' on the hub (languages: {', '.join(spec.languages)})")
+            raise TaskDataError(f"{task} has no language '{lang}' on the hub (languages: {', '.join(spec.languages)})")
         import datasets
 
         return datasets.load_dataset(spec.hub_id, spec.config(lang), split=split).to_list()
@@ -99,8 +105,11 @@ def load_task_split(task: str, lang: str, split: str, source: str | Path | None 
     if path.is_dir():
         path = find_split_file(path, split, lang)
     elif not path.is_file():
-        raise FileNotFoundError(f"{task} data not found: {path} is neither a file nor a directory")
-    return [_check_record(spec, rec, f"{path}, {where}") for where, rec in read_records(path)]
+        raise TaskFileNotFoundError(f"{task} data not found: {path} is neither a file nor a directory")
+    records = [_check_record(spec, rec, f"{path}, {where}") for where, rec in read_records(path)]
+    if not records:
+        raise TaskDataError(f"{path}: no records")
+    return records
 
 
 def find_split_file(root: Path, split: str, lang: str | None) -> Path:
@@ -112,64 +121,110 @@ def find_split_file(root: Path, split: str, lang: str | None) -> Path:
             if (root / f"{stem}.{ext}").is_file():
                 return root / f"{stem}.{ext}"
     patterns = " or ".join(f"{stem}.{{{','.join(EXTENSIONS)}}}" for stem in stems)
-    raise FileNotFoundError(f"no {split} split{'' if lang is None else f' for {lang}'} in {root}: expected {patterns}")
+    raise TaskFileNotFoundError(
+        f"no {split} split{'' if lang is None else f' for {lang}'} in {root}: expected {patterns}")
+
+
+def has_split(root: Path, split: str, lang: str | None) -> bool:
+    """Whether ``find_split_file`` finds a file."""
+    try:
+        find_split_file(root, split, lang)
+    except TaskFileNotFoundError:
+        return False
+    return True
 
 
 def read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(location, record)`` for each record of a jsonl/json/parquet/csv/tsv file; the location
-    ("line 3", "record 2", "question q7") is for error messages."""
+    ("line 3", "record 2", "question q7") is for error messages. Text files are UTF-8 (a BOM is ignored)."""
+    try:
+        yield from _read_records(path)
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path) from e
+
+
+def _not_utf8(path: Path) -> TaskDataError:
+    """The error for a text file that is not UTF-8, naming the line of its first bad byte."""
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        return TaskDataError(f"{path}, line {line}: not UTF-8 (byte 0x{raw[e.start]:02x}); the expected encoding "
+                             f"is UTF-8: convert the file (e.g. iconv -f latin1 -t utf-8)")
+    return TaskDataError(f"{path}: not UTF-8; the expected encoding is UTF-8")
+
+
+def _read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     ext = path.suffix.lstrip(".")
     if ext == "jsonl":
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             for n, line in enumerate(f, 1):
                 if line.strip():
                     yield f"line {n}", _json_object(line, f"{path}, line {n}")
     elif ext == "json":
         yield from _json_records(path)
     elif ext in ("csv", "tsv"):
-        with open(path, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8-sig", newline="") as f:
             reader = csv.DictReader(f, delimiter="\t" if ext == "tsv" else ",")
-            for row in reader:
-                yield f"line {reader.line_num}", row
+            try:
+                for row in reader:
+                    yield f"line {reader.line_num}", row
+            except csv.Error as e:
+                raise TaskDataError(f"{path}, line {reader.line_num}: not readable as {ext.upper()} ({e})") from e
     elif ext == "parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        for n, rec in enumerate(pq.read_table(path).to_pylist(), 1):
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError) as e:
+            raise TaskDataError(f"{path}: not a readable Parquet file ({e})") from e
+        for n, rec in enumerate(table.to_pylist(), 1):
             yield f"row {n}", rec
     else:
-        raise ValueError(f"{path}: unsupported file type '.{ext}' (use one of: {', '.join(EXTENSIONS)})")
+        raise TaskDataError(f"{path}: unsupported file type '.{ext}' (use one of: {', '.join(EXTENSIONS)})")
 
 
 def _json_object(text: str, where: str) -> dict[str, Any]:
     try:
         rec = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: invalid JSON ({e.msg})") from e
+        raise TaskDataError(f"{where}: invalid JSON ({e.msg})") from e
     if not isinstance(rec, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+        raise TaskDataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
     return rec
 
 
 def _json_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """Records of a .json file: a list, ``{"data": list}``, or nested SQuAD (flattened to the hub schema)."""
-    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+        data = json.loads(text) if text.strip() else []
+    except json.JSONDecodeError as e:
+        raise TaskDataError(f"{path}, line {e.lineno}: invalid JSON ({e.msg})") from e
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a list of records or {{\"data\": [...]}}")
+        raise TaskDataError(f"{path}: expected a list of records or {{\"data\": [...]}}")
     for n, rec in enumerate(data, 1):
         if not isinstance(rec, dict):
-            raise ValueError(f"{path}, record {n}: expected a JSON object, got {type(rec).__name__}")
+            raise TaskDataError(f"{path}, record {n}: expected a JSON object, got {type(rec).__name__}")
         if "paragraphs" not in rec:
             yield f"record {n}", rec
             continue
-        for para in rec["paragraphs"]:
-            for q in para["qas"]:
-                answers = {"text": [a["text"] for a in q["answers"]],
-                           "answer_start": [a["answer_start"] for a in q["answers"]]}
-                yield f"question {q['id']}", {"id": q["id"], "title": rec.get("title", ""),
-                                               "context": para["context"], "question": q["question"],
-                                               "answers": answers}
+        try:
+            questions = [(para, q) for para in rec["paragraphs"] for q in para["qas"]]
+            flat = [(f"question {q['id']}", {
+                "id": q["id"], "title": rec.get("title", ""), "context": para["context"], "question": q["question"],
+                "answers": {"text": [a["text"] for a in q["answers"]],
+                            "answer_start": [a["answer_start"] for a in q["answers"]]}}) for para, q in questions]
+        except (KeyError, TypeError) as e:  # only the user's data is indexed here
+            problem = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+            raise TaskDataError(
+                f"{path}, record {n}: not in the SQuAD layout (paragraphs: [{{context, qas: [{{id, question, "
+                f"answers: [{{text, answer_start}}]}}]}}]): {problem}") from e
+        yield from flat
 
 
 def _check_record(spec: TaskSpec, rec: dict[str, Any], where: str) -> dict[str, Any]:
@@ -177,7 +232,7 @@ def _check_record(spec: TaskSpec, rec: dict[str, Any], where: str) -> dict[str, 
     required = (*spec.text_fields, "id", "answers") if spec.is_qa else (*spec.text_fields, "label")
     for field in required:
         if rec.get(field) is None:
-            raise ValueError(f"{where}: missing field '{field}'")
+            raise TaskDataError(f"{where}: missing field '{field}'")
     rec = dict(rec)
     if spec.is_qa:
         answers = _json_object(rec["answers"], where) if isinstance(rec["answers"], str) else rec["answers"]
@@ -187,12 +242,15 @@ def _check_record(spec: TaskSpec, rec: dict[str, Any], where: str) -> dict[str, 
             and isinstance(answers.get("answer_start"), list)
             and len(answers["text"]) == len(answers["answer_start"])
         ):
-            raise ValueError(f"{where}: answers must be {{\"text\": [...], \"answer_start\": [...]}} of equal length")
+            raise TaskDataError(f"{where}: answers must be {{\"text\": [...], \"answer_start\": [...]}} of equal length")
+        if not all(str(start).isdecimal() for start in answers["answer_start"]):
+            raise TaskDataError(f"{where}: answer_start must hold character offsets (integers), got "
+                                f"{answers['answer_start']!r}")
         rec["answers"] = {"text": answers["text"], "answer_start": [int(s) for s in answers["answer_start"]]}
     else:
         label = str(rec["label"])
         if not label.isdecimal() or int(label) >= len(spec.labels):
-            raise ValueError(f"{where}: label {rec['label']!r} is not a label id 0..{len(spec.labels) - 1}")
+            raise TaskDataError(f"{where}: label {rec['label']!r} is not a label id 0..{len(spec.labels) - 1}")
         rec["label"] = int(label)
     return rec
 
@@ -203,7 +261,9 @@ class LocalClassificationTask:
     record holding ``text_fields`` (one text, or two for pairs) and ``label_field`` (string or int).
 
     Labels are kept as strings; the label set is ``labels`` or the sorted labels of the train split
-    (numerically when all are integers), and label ids index it.
+    (numerically when all are integers), and label ids index it. ``name`` is the task's key under
+    ``tasks:`` in the config, for error messages ("" when not made from a config); ``labels_source`` says
+    where given ``labels`` come from ("the model was finetuned on"), for the message about an unknown label.
     """
 
     def __init__(
@@ -212,32 +272,55 @@ class LocalClassificationTask:
         text_fields: Sequence[str] = ("text",),
         label_field: str = "label",
         labels: Sequence[str] | None = None,
+        name: str = "",
+        labels_source: str = "",
     ) -> None:
+        self.name = name
         if len(text_fields) not in (1, 2):
-            raise ValueError(f"text_fields must name one or two fields, got {list(text_fields)}")
+            raise TaskDataError(f"{self._key('text_fields')} must name one or two fields, got {list(text_fields)}")
         self.root = Path(root)
         if not self.root.is_dir():
-            raise FileNotFoundError(f"task directory not found: {self.root}")
+            raise TaskFileNotFoundError(f"task directory not found: {self.root}"
+                                        + (f" (set {self._key('source')})" if name else ""))
         self.text_fields = tuple(text_fields)
         self.label_field = label_field
+        self.labels_source = labels_source
         self.labels = tuple(str(label) for label in labels) if labels is not None else self._infer_labels()
+
+    def _key(self, key: str) -> str:
+        """``tasks.NAME.key`` (just ``key`` without a name)."""
+        return f"tasks.{self.name}.{key}" if self.name else key
 
     def _infer_labels(self) -> tuple[str, ...]:
         found = {str(rec[self.label_field]) for _, rec in self._read("train", None)}
-        if not found:
-            raise ValueError(f"{find_split_file(self.root, 'train', None)}: no records to infer the label set from")
         if all(label.lstrip("-").isdecimal() for label in found):
             return tuple(sorted(found, key=int))
         return tuple(sorted(found))
 
-    def _read(self, split: str, lang: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Records with their file and location, all fields present (labels not yet checked)."""
-        path = find_split_file(self.root, split, lang)
+    def _read(self, split: str, lang: str | None) -> list[tuple[str, dict[str, Any]]]:
+        """Records with their file and location, all fields present (labels not yet checked); at least one."""
+        try:
+            path = find_split_file(self.root, split, lang)
+        except TaskFileNotFoundError as e:
+            if not (self.name and lang):
+                raise
+            raise TaskFileNotFoundError(f"{e} (add the file, or leave {lang} out of {self._key('langs')})") from e
+        out = []
         for where, rec in read_records(path):
             for field in (*self.text_fields, self.label_field):
                 if rec.get(field) is None:
-                    raise ValueError(f"{path}, {where}: missing field '{field}'")
-            yield f"{path}, {where}", rec
+                    raise TaskDataError(f"{path}, {where}: missing field '{field}'{self._fields_hint(field, rec)}")
+            out.append((f"{path}, {where}", rec))
+        if not out:
+            raise TaskDataError(f"{path}: no records")
+        return out
+
+    def _fields_hint(self, field: str, rec: dict[str, Any]) -> str:
+        """Which config key names the missing ``field``, and the fields the record has ("" without a name)."""
+        if not self.name:
+            return ""
+        key = self._key("label_field" if field == self.label_field else "text_fields")
+        return f" (set {key} to the file's columns: found {[k for k in rec if k is not None]})"
 
     def load(self, split: str, lang: str | None = None) -> list[dict[str, Any]]:
         """Records of ``split`` (``test`` with ``lang``): ``id`` (if present), the text fields and
@@ -247,7 +330,8 @@ class LocalClassificationTask:
         for where, rec in self._read(split, lang):
             label = str(rec[self.label_field])
             if label not in label_ids:
-                raise ValueError(f"{where}: label '{label}' is not in the label set {list(self.labels)}")
+                known = f"one of the labels {self.labels_source}," if self.labels_source else "in the label set"
+                raise TaskDataError(f"{where}: label '{label}' is not {known} {list(self.labels)}")
             ids = {"id": rec["id"]} if "id" in rec else {}
             out.append({**ids, **{f: str(rec[f]) for f in self.text_fields}, "label": label_ids[label]})
         return out
@@ -410,11 +494,40 @@ class TaskData:
 
     name: str
     cfg: TaskConfig
+    saved_labels: tuple[str, ...] | None = None  # the labels a finetuned model was trained with (evaluation)
 
     def __post_init__(self) -> None:
-        self.local = LocalClassificationTask(self.cfg.source, self.cfg.text_fields, self.cfg.label_field) \
-            if self.cfg.kind == "local" else None
+        self.local = LocalClassificationTask(
+            self.cfg.source, self.cfg.text_fields, self.cfg.label_field, self.saved_labels, name=self.name,
+            labels_source="" if self.saved_labels is None else "the model was finetuned on",
+        ) if self.cfg.kind == "local" else None
         self.spec = None if self.local else get_task(self.name)
+        if self.spec is not None and self.saved_labels is not None and tuple(self.saved_labels) != self.spec.labels:
+            raise TaskDataError(f"tasks.{self.name}: the model was finetuned with labels {list(self.saved_labels)}, "
+                                f"but {self.name} has {list(self.spec.labels)}")
+
+    def train_file(self) -> Path | None:
+        """The local file the English training data comes from (None: the Hugging Face hub)."""
+        if self.local is not None:
+            return find_split_file(self.local.root, "train", None)
+        spec = self.spec
+        assert spec is not None
+        source = self.cfg.train_source if spec.train_task != self.name else self.cfg.source
+        if not source:
+            return None
+        path = Path(source)
+        return find_split_file(path, "train", "en") if path.is_dir() else path
+
+    def train_sha256(self) -> str:
+        """sha256 of ``train_file()`` ("" for hub data): what a finetuned model records to detect a changed file."""
+        path = self.train_file()
+        if path is None:
+            return ""
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
 
     @property
     def is_qa(self) -> bool:
@@ -439,7 +552,7 @@ class TaskData:
         if self.cfg.langs:
             return list(self.cfg.langs)
         if self.local is not None:
-            return [lang for lang in target_langs if any(self.local.root.glob(f"test.{lang}.*"))]
+            return [lang for lang in target_langs if has_split(self.local.root, "test", lang)]
         return [lang for lang in target_langs if lang in self.spec.languages]  # type: ignore[union-attr]
 
     def records(self, split: str, lang: str = "en") -> list[dict[str, Any]]:

@@ -16,20 +16,24 @@ import io
 import json
 import os
 import random
-from collections.abc import Iterable, Iterator
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import sentencepiece as spm
 
-from minimodel.data.corpus import iter_lines
+from minimodel.data.corpus import CorpusError, iter_lines
 from minimodel.errors import UserError
+from minimodel.log import get_logger
 
 # fairseq / RoBERTa order for the first four; <mask> right after them.
 BOS, PAD, EOS, UNK, MASK = 0, 1, 2, 3, 4
 SPECIALS = {"<s>": BOS, "<pad>": PAD, "</s>": EOS, "<unk>": UNK, "<mask>": MASK}
 WORD_START = "\u2581"  # SentencePiece's "▁": the piece starts a new word
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -266,18 +270,54 @@ def load_tokenizer(ref: str | Path) -> Tokenizer | HFTokenizer:
     return HFTokenizer(ref)
 
 
-def _sample_lines(corpus: Path, max_sentences: int, seed: int) -> Iterator[str]:
-    """Reservoir-sample at most ``max_sentences`` lines (all of them when the corpus is smaller)."""
+MAX_SENTENCE_BYTES = 1 << 16  # SentencePiece's max_sentence_length: training skips longer lines
+
+
+def _sample_lines(corpus: Path, max_sentences: int, seed: int) -> list[str]:
+    """Reservoir-sample at most ``max_sentences`` lines (all of them when the corpus is smaller) among those
+    SentencePiece trains on (at most ``MAX_SENTENCE_BYTES``); warns about the longer ones, fails if no line is left."""
     rng = random.Random(seed)
     reservoir: list[str] = []
-    for i, line in enumerate(iter_lines(corpus)):
+    n_long = i = 0
+    for line in iter_lines(corpus):
+        if len(line) * 4 > MAX_SENTENCE_BYTES and len(line.encode("utf-8")) > MAX_SENTENCE_BYTES:
+            n_long += 1
+            continue
         if i < max_sentences:
             reservoir.append(line)
         else:
             j = rng.randint(0, i)
             if j < max_sentences:
                 reservoir[j] = line
-    yield from reservoir
+        i += 1
+    if n_long and not reservoir:
+        raise CorpusError(f"corpus {corpus} has no line to train the tokenizer on: SentencePiece skips lines over "
+                          f"{MAX_SENTENCE_BYTES:,} bytes (its max_sentence_length) and every line here ({n_long:,}) "
+                          f"is longer; put one sentence or paragraph per line")
+    if n_long:
+        log.warning(f"corpus {corpus}: {n_long:,} line(s) over {MAX_SENTENCE_BYTES:,} bytes (SentencePiece's "
+                    f"max_sentence_length) are skipped in tokenizer training (they are still encoded); "
+                    f"a corpus holds one sentence or paragraph per line")
+    return reservoir
+
+
+def _training_error(corpus: Path, vocab_size: int, message: str) -> TokenizerError:
+    """SentencePiece's failure, said in terms of the corpus and ``data.vocab_size``."""
+    message = message.strip()
+    too_few = re.search(r"smaller than required_chars\. \d+ vs (\d+)", message)
+    if too_few:
+        return TokenizerError(
+            f"data.vocab_size={vocab_size} is below the {too_few[1]} pieces SentencePiece needs for {corpus} "
+            f"(the {len(SPECIALS)} special pieces and one per character covering data.spm_character_coverage of "
+            f"the text): set data.vocab_size to at least {too_few[1]}"
+        )
+    too_many = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", message)
+    if too_many:
+        return TokenizerError(
+            f"corpus {corpus} is too small for a vocabulary of {vocab_size} pieces (SentencePiece finds at most "
+            f"{too_many[1]} in it): lower data.vocab_size to at most {too_many[1]}, or use a larger corpus"
+        )
+    return TokenizerError(f"SentencePiece training on {corpus} failed: {message}")
 
 
 def train_tokenizer(
@@ -294,7 +334,7 @@ def train_tokenizer(
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=_sample_lines(corpus, max_sentences, seed),
+            sentence_iterator=iter(_sample_lines(corpus, max_sentences, seed)),
             model_writer=model,
             vocab_size=vocab_size,
             model_type=model_type,
@@ -302,18 +342,12 @@ def train_tokenizer(
             bos_id=BOS, pad_id=PAD, eos_id=EOS, unk_id=UNK,
             user_defined_symbols=["<mask>"],
             num_threads=threads,
-            max_sentence_length=1 << 16,
+            max_sentence_length=MAX_SENTENCE_BYTES,
             train_extremely_large_corpus=False,
             minloglevel=2,
         )
     except RuntimeError as e:
-        msg = str(e)
-        if "Vocabulary size" in msg or "vocab_size" in msg:
-            raise TokenizerError(
-                f"corpus {corpus} is too small for a vocabulary of {vocab_size} pieces ({msg.strip()}); "
-                f"lower data.vocab_size"
-            ) from e
-        raise TokenizerError(f"SentencePiece training on {corpus} failed: {msg}") from e
+        raise _training_error(corpus, vocab_size, str(e)) from e
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_suffix(".tmp")
     tmp.write_bytes(model.getvalue())

@@ -50,15 +50,15 @@ BODIES: dict[Body, Callable[[RobertaMLM, ExperimentConfig], RobertaMLM]] = {
 }
 
 
-def adaptation_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str]:
-    """The frozen body that step 2 trains embeddings over, and the checkpoint it came from."""
+def adaptation_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str, TrainingMeta]:
+    """The frozen body that step 2 trains embeddings over, the checkpoint it came from and its metadata."""
     r, kind = runs(cfg), of(cfg).body
     if not is_done(r.body):
         step = "`minimodel bridge`" if kind is Body.BRIDGE else "`minimodel pretrain`"
         raise CheckpointError(f"adaptation needs a finished {r.body.name} run: {r.body} is not complete (run {step} first)")
     source = last_checkpoint(r.body)
-    model, _ = load_trained_model(source)
-    return BODIES[kind](model, cfg), str(source)
+    model, meta = load_trained_model(source)
+    return BODIES[kind](model, cfg), str(source), meta
 
 
 def init_target_embeddings(body: RobertaMLM, source_tok: AnyTokenizer, target_tok: AnyTokenizer,
@@ -93,8 +93,8 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
     run_dir = r.adapt(cfg.lang)
 
     def prepare() -> Inputs:
-        body, body_source = adaptation_body(cfg)
-        return Inputs(body, body_source, load_source_tokenizer(cfg, body, body_source),
+        body, body_source, meta = adaptation_body(cfg)
+        return Inputs(body, body_source, load_source_tokenizer(cfg, body, body_source, meta.tokenizer),
                       load_prepared_tokenizer(cfg, cfg.lang))
 
     def build(x: Inputs) -> Training:

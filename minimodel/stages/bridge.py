@@ -24,16 +24,17 @@ from minimodel.training.runner import Runner, Stage, StageResult, Training
 log = get_logger(__name__)
 
 
-def load_primary(source: str) -> RobertaMLM:
-    """A training checkpoint file (without its secondary heads), or a Hugging Face model directory / hub id."""
+def load_primary(source: str) -> tuple[RobertaMLM, dict]:
+    """A training checkpoint file (without its secondary heads) and the tokenizer record stored with it, or a
+    Hugging Face model directory / hub id (whose tokenizer is its own: an empty record)."""
     path = Path(source)
     if path.is_file():
-        model, _ = load_trained_model(path)
-        return primary_only(model)
+        model, meta = load_trained_model(path)
+        return primary_only(model), meta.tokenizer
     if is_hf_source(source):
         from minimodel.hf import from_hf
 
-        return from_hf(source)
+        return from_hf(source), {}
     raise CheckpointError(f"bridge source {source} not found (pretrain BL_BASE first, or set bridge.source)")
 
 
@@ -46,8 +47,8 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         if r.pretrain is not None and not is_done(r.pretrain):
             raise CheckpointError(f"the bridge needs a finished primary model: {r.pretrain} is not complete "
                                   f"(pretrain it first, or set bridge.source)")
-        primary = load_primary(r.primary)
-        return primary, load_source_tokenizer(cfg, primary, f"bridge.source={r.primary}")
+        primary, trained_with = load_primary(r.primary)
+        return primary, load_source_tokenizer(cfg, primary, f"bridge.source={r.primary}", trained_with)
 
     def build(inputs: tuple[RobertaMLM, AnyTokenizer]) -> Training:
         primary, tok = inputs

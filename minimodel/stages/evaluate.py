@@ -14,17 +14,19 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from minimodel.checkpoints import Adaptation, CheckpointError, load_adaptation, load_finetuned
+from minimodel.checkpoints import Adaptation, CheckpointError, Finetuned, load_adaptation, load_finetuned
 from minimodel.config import ExperimentConfig
 from minimodel.data.downstream import evaluate
 from minimodel.data.prepare import load_prepared_tokenizer
 from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import AnyTokenizer
+from minimodel.errors import TaskDataError
 from minimodel.layout import adaptation_checkpoints, checkpoint_step, finetuned_model, read_done
+from minimodel.locks import exclusive
 from minimodel.log import get_logger
 from minimodel.results import KEY, ResultsTable
 from minimodel.surgery import PlugError, plug_embeddings
-from minimodel.systems import of, runs
+from minimodel.systems import Runs, of, runs
 
 log = get_logger(__name__)
 
@@ -53,19 +55,39 @@ def check_adaptation(adapted: Adaptation, cfg: ExperimentConfig, lang: str, path
                         f"not of {cfg.system}/{lang}")
 
 
+def task_of(cfg: ExperimentConfig, task: str, finetuned: Finetuned, where: Path) -> TaskData:
+    """The task as the model ``where`` was finetuned on it: test labels map to the label ids saved with the
+    model (not to those of today's train file), and a train file changed since then is an error."""
+    data = TaskData(task, cfg.tasks[task], None if finetuned.qa else tuple(finetuned.labels))
+    now = data.train_sha256()
+    if finetuned.train_sha256 and now and finetuned.train_sha256 != now:
+        raise TaskDataError(
+            f"tasks.{task}: {data.train_file()} changed since {where} was finetuned on it (sha256 "
+            f"{finetuned.train_sha256[:12]} then, {now[:12]} now), so its scores would not be this task's: "
+            f"finetune again (delete {where.parent}) or restore the file")
+    if now and not finetuned.train_sha256:
+        log.warning(f"{where} does not record the train file it was finetuned on (written by an older minimodel): "
+                    f"evaluating with the labels saved with it, {list(finetuned.labels)}")
+    return data
+
+
 def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
+    """Every missing result row of the system, holding the lock of its results (one writer)."""
     r = runs(cfg)
+    with exclusive(r.results.parent, f"evaluation of {cfg.label}"):
+        return _evaluate(cfg, r, progress)
+
+
+def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool) -> Path:
     table = ResultsTable(r.results)
     done = table.keys()
     tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
     seeds = [cfg.seed] if cfg.seed else list(cfg.finetune.seeds)
     device = device_for(cfg)
-    cache: dict[tuple[str, str], tuple[AnyTokenizer, list, list]] = {}
+    cache: dict[tuple[str, tuple[str, ...], str], tuple[AnyTokenizer, list, list]] = {}
     plan = []  # (task, seed, lang, checkpoint)
-    datas = {task: TaskData(task, cfg.tasks[task]) for task in tasks}  # reads each task's label set once
     for task in tasks:
-        data = datas[task]
-        langs = [cfg.lang] if cfg.lang else data.languages(cfg.target_langs)
+        langs = [cfg.lang] if cfg.lang else TaskData(task, cfg.tasks[task]).languages(cfg.target_langs)
         for seed in seeds:
             for lang in langs:
                 ckpts = adaptation_checkpoints(r.adapt(lang))
@@ -83,21 +105,22 @@ def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
     started = time.perf_counter()
     bar = tqdm(total=len(todo), desc="evaluate", disable=not progress, dynamic_ncols=True, mininterval=0.5)
     loaded: tuple[str, int] | None = None
-    body = head = None
+    body = head = data = None
     for task, seed, lang, path in todo:
-        data = datas[task]
         if loaded != (task, seed):
             model_path = finetuned_model(r.finetune(task, seed))
             if not model_path.exists():
                 raise CheckpointError(f"{model_path} not found: run `minimodel finetune ... task={task} seed={seed}`")
-            body, head, _ = load_finetuned(model_path)
+            body, head, finetuned = load_finetuned(model_path)
+            data = task_of(cfg, task, finetuned, model_path)
             body.to(device), head.to(device)
             loaded = (task, seed)
-        if (task, lang) not in cache:
+        key = (task, data.labels, lang)
+        if key not in cache:
             tok = load_prepared_tokenizer(cfg, lang)
             records = data.records("test", lang)
-            cache[(task, lang)] = (tok, records, data.features(records, tok))
-        tok, records, features = cache[(task, lang)]
+            cache[key] = (tok, records, data.features(records, tok))
+        tok, records, features = cache[key]
         adapted = load_adaptation(path)
         check_adaptation(adapted, cfg, lang, path)
         plug_embeddings(body, adapted, tok.sha256, tok.vocab_size)

@@ -30,7 +30,8 @@ from minimodel.data.mlm import ResumableSampler
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.tasks import TaskData, pad_collate
 from minimodel.data.tokenizer import PAD
-from minimodel.layout import finetuned_model
+from minimodel.errors import TaskDataError
+from minimodel.layout import finetuned_model, read_done
 from minimodel.log import get_logger
 from minimodel.model import RobertaMLM
 from minimodel.surgery import extract_mini, freeze_all_but, primary_only
@@ -143,21 +144,22 @@ class FinetuneModule(L.LightningModule):
         checkpoint["minimodel"] = meta.to_dict()
 
 
-def finetune_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str]:
+def finetune_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str, dict]:
     """The model step 3 finetunes: the primary model (a run of this experiment, or ``bridge.source``), or with
-    ``body=mini`` the mini-model cut from it."""
+    ``body=mini`` the mini-model cut from it; the checkpoint it came from and the tokenizer record stored there."""
     r = runs(cfg)
     if external_primary(cfg):
         from minimodel.stages.bridge import load_primary
 
-        return load_primary(r.primary), r.primary
+        model, trained_with = load_primary(r.primary)
+        return model, r.primary, trained_with
     path = Path(r.primary)
     if not path.exists():
         raise CheckpointError(f"finetuning needs the step-1 model {path}: run `minimodel pretrain` first")
-    model, _ = load_trained_model(path)
+    model, meta = load_trained_model(path)
     if cfg.body == "mini":
-        return extract_mini(model, adapt_depth(cfg), mini_head(cfg)), r.primary
-    return primary_only(model), r.primary
+        return extract_mini(model, adapt_depth(cfg), mini_head(cfg)), r.primary, meta.tokenizer
+    return primary_only(model), r.primary, meta.tokenizer
 
 
 def finetune_optim(cfg: ExperimentConfig, task: str, n_train: int) -> OptimConfig:
@@ -168,6 +170,19 @@ def finetune_optim(cfg: ExperimentConfig, task: str, n_train: int) -> OptimConfi
                        micro_batch=f.micro_batch, grad_clip=f.grad_clip)
 
 
+def check_train_file(cfg: ExperimentConfig, task: str, run_dir: Path) -> None:
+    """A finished run whose train file has changed since is not "complete" for today's task: say so."""
+    done = read_done(run_dir)
+    if not done or not done.get("train_sha256"):
+        return
+    data = TaskData(task, cfg.tasks[task])
+    now = data.train_sha256()
+    if now and now != done["train_sha256"]:
+        raise TaskDataError(f"tasks.{task}: {data.train_file()} changed since {run_dir} was finetuned on it (sha256 "
+                            f"{done['train_sha256'][:12]} then, {now[:12]} now): delete {run_dir} to finetune on "
+                            f"the new file, or restore the file")
+
+
 def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool = True) -> StageResult:
     run_dir = runs(cfg).finetune(task, seed, cfg.body)
 
@@ -176,8 +191,8 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
         return TaskData(task, cfg.tasks[task])
 
     def build(data: TaskData) -> Training:  # seeded: building the body draws, and so does the head's init
-        body, source = finetune_body(cfg)
-        tok = load_source_tokenizer(cfg, body, source)
+        body, source, trained_with = finetune_body(cfg)
+        tok = load_source_tokenizer(cfg, body, source, trained_with)
         train_records = data.records("train")
         if cfg.tasks[task].max_train_examples:
             train_records = train_records[: cfg.tasks[task].max_train_examples]
@@ -190,7 +205,7 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
         head = task_head(data, body.cfg.hidden, body.cfg.dropout)
         meta = {"system": cfg.system, "task": task, "seed": seed, "body": cfg.body, "source": source,
                 "model_config": asdict(body.cfg), "labels": list(data.labels), "qa": data.is_qa,
-                "tokenizer": {"path": str(tok.path), "sha256": tok.sha256}}
+                "tokenizer": {"path": str(tok.path), "sha256": tok.sha256}, "train_sha256": data.train_sha256()}
         log.info(f"finetune {cfg.system} ({cfg.body}) on {task}, seed {seed}: {len(train):,} training features, "
                  f"{optim.updates} updates, {n_train + sum(p.numel() for p in head.parameters()):,} trainable parameters")
         module = FinetuneModule(body, head, data.is_qa, len(data.labels), optim, meta)
@@ -206,10 +221,11 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
                               english=english, step=trainer.global_step)
             atomic_torch_save(model.to_dict(), finetuned_model(run_dir))
             log.info(f"{task} seed {seed}: English dev {english['dev']}, test {english['test']}")
-            return {"english": english}
+            return {"english": english, "train_sha256": meta["train_sha256"]}
 
         return Training(module, dm, optim, t, keep_steps=False, finish=finish)
 
+    check_train_file(cfg, task, run_dir)
     name = f"finetune/{task}/seed{seed}" + ("/mini" if cfg.body == "mini" else "")
     return Runner(cfg, Stage(name, run_dir, seed), prepare, build).run(progress_bar)
 

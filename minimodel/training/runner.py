@@ -18,9 +18,10 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from minimodel.checkpoints import load_checkpoint
-from minimodel.config import ExperimentConfig, OptimConfig, TrainerConfig, save_config
+from minimodel.checkpoints import CheckpointError, load_checkpoint
+from minimodel.config import ExperimentConfig, OptimConfig, TrainerConfig, check_finished, save_config
 from minimodel.layout import CONFIG, checkpoints, is_done, last_checkpoint, read_done, write_done
+from minimodel.locks import exclusive
 from minimodel.log import get_logger, process_rank, quiet_lightning
 from minimodel.training.callbacks import ScheduledCheckpoints, StageBar, StageProgress
 from minimodel.training.checkpoint_io import AtomicCheckpointIO
@@ -106,12 +107,22 @@ def make_trainer(cfg: ExperimentConfig, stage: Stage, training: Training, callba
     )
 
 
+RESUME_KEYS = ("global_step", "state_dict", "loops", "optimizer_states", "callbacks", "minimodel")
+"""What a full (resumable) Lightning checkpoint of a stage holds."""
+
+
 def resume_point(run_dir: Path) -> tuple[Path, int] | None:
     """``last.ckpt`` and its update count, or None for a fresh run. Fails clearly on a corrupt file."""
     last = last_checkpoint(run_dir)
     if not last.exists():
         return None
-    return last, int(load_checkpoint(last)["global_step"])
+    ckpt = load_checkpoint(last)
+    missing = [k for k in RESUME_KEYS if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"{last} cannot resume training: it lacks {', '.join(missing)} (a weights-only or "
+                              f"edited file?). Delete it (and its step file) to resume from an earlier checkpoint, "
+                              f"or delete {run_dir} to start the stage again")
+    return last, int(ckpt["global_step"])
 
 
 class Runner(Generic[T]):
@@ -122,10 +133,19 @@ class Runner(Generic[T]):
         self.cfg, self.stage, self.prepare, self.build = cfg, stage, prepare, build
 
     def run(self, progress_bar: bool = True) -> StageResult:
+        """The stage, holding its directory's lock (a second copy of the same command fails at once)."""
+        with exclusive(self.stage.run_dir, f"stage {self.stage.name}"):
+            return self._run(progress_bar)
+
+    def _run(self, progress_bar: bool) -> StageResult:
         stage, run_dir = self.stage, self.stage.run_dir
         if is_done(run_dir):
+            done = read_done(run_dir) or {}  # a corrupt done.json: a UserError naming it
+            check_finished(self.cfg, stage.name, run_dir)  # finished with other settings: a ConfigError listing them
             log.info(f"{run_dir} is complete; skipping")
-            return StageResult(run_dir, Outcome.SKIPPED, done=read_done(run_dir) or {})
+            return StageResult(run_dir, Outcome.SKIPPED, done=done)
+        if last_checkpoint(run_dir).exists():  # resuming: only with the settings the run started with
+            check_finished(self.cfg, stage.name, run_dir, finished=False)
         quiet_lightning()
         inputs = self.prepare()
         if process_rank() == 0:  # the other ranks of a distributed run write nothing but their share of checkpoints

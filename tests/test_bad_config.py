@@ -1,0 +1,277 @@
+"""Bad sizes and override values fail at load time naming the key; a finished stage run is reused only with the
+settings it ran with; a corrupt done.json and malformed result rows give clear messages, never tracebacks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from minimodel import log as logs
+from minimodel.analysis import load_results
+from minimodel.cli import main
+from minimodel.config import ConfigError, check_finished, load_config, save_config, stage_changes
+from minimodel.errors import UserError
+from minimodel.layout import CONFIG, DONE, read_done
+from minimodel.results import ResultsTable
+from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_overrides
+
+TINY_YAML = ROOT / "experiments" / "tiny.yaml"
+
+
+def err_of(capsys: pytest.CaptureFixture) -> str:
+    return capsys.readouterr().err
+
+
+# ---- 1. zero and negative sizes ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("pretrain.optim.updates=0", "pretrain.optim.updates must be a positive integer, got 0"),
+    ("pretrain.optim.updates=-5", "pretrain.optim.updates must be a positive integer, got -5"),
+    ("pretrain.optim.micro_batch=0", "pretrain.optim.micro_batch must be a positive integer, got 0"),
+    ("pretrain.optim.micro_batch=-8", "pretrain.optim.micro_batch must be a positive integer, got -8"),
+    ("pretrain.optim.global_batch=0", "pretrain.optim.global_batch must be a positive integer, got 0"),
+    ("bridge.optim.updates=0", "bridge.optim.updates must be a positive integer, got 0"),
+    ("adapt.optim.micro_batch=0", "adapt.optim.micro_batch must be a positive integer, got 0"),
+    ("adapt.optim.lr=0", "adapt.optim.lr must be a positive number, got 0.0"),
+    ("pretrain.optim.lr=-1e-3", "pretrain.optim.lr must be a positive number, got -0.001"),
+    ("pretrain.optim.lr=.nan", "pretrain.optim.lr must be a positive number, got nan"),
+    ("pretrain.optim.warmup_updates=-1", "pretrain.optim.warmup_updates must be 0 or a positive integer, got -1"),
+    ("pretrain.optim.betas=[0.9]", r"pretrain.optim.betas must be two numbers in \[0, 1\)"),
+    ("pretrain.trainer.ckpt_every=0", "pretrain.trainer.ckpt_every must be a positive integer, got 0"),
+    ("adapt.trainer.val_every=-2", "adapt.trainer.val_every must be a positive integer, got -2"),
+    ("adapt.trainer.ckpt_steps=[10,0]", "adapt.trainer.ckpt_steps must be a list of positive update counts, got 0"),
+    ("pretrain.trainer.stop_at=-1", r"pretrain.trainer.stop_at must be 0 \(no stop\) or a positive integer, got -1"),
+    ("pretrain.trainer.devices=0", "pretrain.trainer.devices must be a positive number of devices"),
+    ("finetune.trainer.log_every=0", "finetune.trainer.log_every must be a positive integer, got 0"),
+    ("finetune.micro_batch=0", "finetune.micro_batch must be a positive integer, got 0"),
+    ("finetune.batch_size=0", "finetune.batch_size must be a positive integer, got 0"),
+    ("finetune.epochs=0", "finetune.epochs must be a positive number, got 0.0"),
+    ("finetune.warmup_ratio=1.5", r"finetune.warmup_ratio must be in \[0, 1\), got 1.5"),
+    ("data.seq_len=1", r"data.seq_len must be at least 8 \(tokens per MLM block\), got 1"),
+    ("data.val_blocks=-1", "data.val_blocks must be 0 or a positive integer, got -1"),
+    ("model.heads=0", "model.heads must be a positive integer, got 0"),
+    ("model.layers=-1", "model.layers must be a positive integer, got -1"),
+    ("model.dropout=1.0", r"model.dropout must be in \[0, 1\), got 1.0"),
+    ("bridge.layers=0", "bridge.layers must be a positive integer, got 0"),
+    ("tasks.xnli.max_len=0", "tasks.xnli.max_len must be at least 8"),
+    ("seed=-1", "seed must be in 0..4294967295"),
+])
+def test_sizes_are_checked_at_load_time_naming_the_key(override, message):
+    with pytest.raises(ConfigError, match=f"^{TINY_YAML}: {message}"):
+        load_config(TINY_YAML, [override])
+
+
+def test_zero_updates_is_refused_by_the_cli_before_anything_is_written(tmp_path, capsys):
+    rc = main(["pretrain", str(TINY_YAML), f"runs_dir={tmp_path / 'runs'}", "pretrain.optim.updates=0",
+               "--no-progress"])
+    assert rc == 2
+    err = err_of(capsys)
+    assert f"[minimodel] pretrain: error: {TINY_YAML}: pretrain.optim.updates must be a positive integer, got 0" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+# ---- 5. malformed override values -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("override", "problem"), [
+    ("pretrain.optim.lr=[1,", "while parsing a flow node: did not find expected node content"),
+    ("model.mini_heads={a", "while parsing a flow mapping: did not find expected ',' or '}'"),
+    ("name=a: b", "mapping values are not allowed in this context"),
+])
+def test_a_malformed_override_value_names_the_override(override, problem, capsys):
+    assert main(["pretrain", str(TINY_YAML), override, "--no-progress"]) == 2
+    err = err_of(capsys)
+    assert f"[minimodel] pretrain: error: override '{override}': not a valid value (YAML: {problem})" in err
+    assert "Traceback" not in err
+
+
+def test_a_quoted_override_value_is_a_string():
+    assert load_config(TINY_YAML, ["name='a: b'"]).name == "a: b"
+
+
+# ---- 2. a finished stage and a changed configuration: the comparison --------------------------------------------
+
+def as_dict(*overrides: str) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(load_config(TINY_YAML, list(overrides))))  # type: ignore[return-value]
+
+
+def test_settings_that_do_not_decide_a_stage_result_do_not_count(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    saved = as_dict("data.prepared_dir=prep", "lang=de", "task=xnli", "seed=1")
+    current = as_dict(f"data.prepared_dir={tmp_path / 'prep'}", "lang=tr", "task=pawsx", "seed=2",
+                      "pretrain.trainer.stop_at=5", "pretrain.trainer.max_minutes=3", "pretrain.trainer.log_every=1",
+                      "pretrain.trainer.val_every=7", "pretrain.trainer.devices=2", "pretrain.trainer.compile=true",
+                      "pretrain.trainer.ckpt_every=3", "finetune.trainer.ckpt_every=3", "bridge.trainer.ckpt_steps=[1]",
+                      "pretrain.optim.micro_batch=8", "data.num_workers=0", f"data.corpus_dir={tmp_path}",
+                      "logging.wandb=offline", "logging.project=p", "target_langs=[de]", "finetune.eval_batch=8",
+                      "tasks.xnli.langs=[de]", "system=bl_base", "model.mini_heads=[]", "tag=x")
+    # (model.mini_heads is the model: it is compared below; here only the system is swapped)
+    current["model"]["mini_heads"] = saved["model"]["mini_heads"]
+    for stage in ("pretrain", "bridge", "adapt/de", "finetune/xnli/seed1", "finetune/xnli/seed1/mini"):
+        assert stage_changes(saved, current, stage) == [], stage
+
+
+def test_settings_that_decide_a_stage_result_are_listed_old_to_new():
+    saved = as_dict()
+    current = as_dict("pretrain.optim.lr=2e-3", "model.hidden=128", "adapt.optim.updates=7",
+                      "tasks.xnli.lr=3e-5", "tasks.pawsx.lr=3e-5", "finetune.epochs=1")
+    assert stage_changes(saved, current, "pretrain") == [("model.hidden", 64, 128), ("pretrain.optim.lr", 1e-3, 2e-3)]
+    assert stage_changes(saved, current, "adapt/de") == [("adapt.optim.updates", 200, 7), ("model.hidden", 64, 128)]
+    assert stage_changes(saved, current, "finetune/xnli/seed2") == [
+        ("finetune.epochs", 3.0, 1.0), ("model.hidden", 64, 128), ("tasks.xnli.lr", 1e-5, 3e-5)]
+
+
+def test_adaptation_checkpoints_are_part_of_its_result():  # step 4 evaluates each of them
+    saved, current = as_dict(), as_dict("adapt.trainer.ckpt_steps=[5]", "adapt.trainer.ckpt_every=50")
+    assert stage_changes(saved, current, "adapt/tr") == [("adapt.trainer.ckpt_every", 100, 50),
+                                                         ("adapt.trainer.ckpt_steps", [], [5])]
+
+
+def test_a_key_the_saved_config_lacks_counts_as_its_default():
+    saved, current = as_dict(), as_dict("adapt.trainer.ckpt_steps=[5]")
+    del saved["adapt"]["trainer"]["ckpt_steps"], saved["model"]["init_std"]  # an older minimodel's config.yaml
+    saved["adapt"]["optim"]["retired_key"] = 1  # a key this version no longer has
+    assert stage_changes(saved, current, "adapt/de") == [("adapt.trainer.ckpt_steps", [], [5])]
+
+
+def finished(tmp_path: Path, *overrides: str) -> Path:
+    """A stage run directory as a finished run leaves it (config.yaml and done.json)."""
+    run_dir = tmp_path / "run"
+    save_config(load_config(TINY_YAML, list(overrides)), run_dir / CONFIG)
+    (run_dir / DONE).write_text(json.dumps({"stage": "pretrain", "step": 200}))
+    return run_dir
+
+
+def test_a_finished_run_with_other_settings_is_refused_listing_them(tmp_path):
+    run_dir = finished(tmp_path)
+    check_finished(load_config(TINY_YAML, ["pretrain.trainer.stop_at=5"]), "pretrain", run_dir)  # the same run
+    with pytest.raises(ConfigError) as e:
+        check_finished(load_config(TINY_YAML, ["pretrain.optim.lr=2e-3", "data.seq_len=32"]), "pretrain", run_dir)
+    assert str(e.value) == (
+        f"{run_dir} is finished, but it ran with other settings than this configuration's ({run_dir / CONFIG}): "
+        f"data.seq_len: 128 -> 32; pretrain.optim.lr: 0.001 -> 0.002. Rerun with the settings it ran with, or train "
+        f"the new ones in a new run: set another name= or runs_dir= (or delete {run_dir} to train it again)")
+
+
+def test_a_finished_run_is_not_extended_to_more_updates_its_schedule_ended(tmp_path):
+    run_dir = finished(tmp_path)
+    with pytest.raises(ConfigError, match=r"is finished with pretrain.optim.updates=200 and cannot be continued to "
+                                          r"400: its learning rate decayed linearly to 0 at its last update"):
+        check_finished(load_config(TINY_YAML, ["pretrain.optim.updates=400"]), "pretrain", run_dir)
+    with pytest.raises(ConfigError, match=r"other settings than this configuration's .*"
+                                          r"pretrain.optim.updates: 200 -> 100"):
+        check_finished(load_config(TINY_YAML, ["pretrain.optim.updates=100"]), "pretrain", run_dir)
+
+
+def test_a_finished_run_without_its_config_is_skipped_and_a_corrupt_one_named(tmp_path):
+    run_dir = finished(tmp_path)
+    (run_dir / CONFIG).write_text("pretrain: {optim: [\n")
+    with pytest.raises(ConfigError, match=rf"{run_dir / CONFIG}: not valid YAML .* restore it, or delete {run_dir}"):
+        check_finished(load_config(TINY_YAML), "pretrain", run_dir)
+    (run_dir / CONFIG).unlink()
+    check_finished(load_config(TINY_YAML, ["pretrain.optim.lr=1"]), "pretrain", run_dir)  # nothing to compare with
+
+
+# ---- 3. a corrupt done.json ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "what"), [('{"stage": "pretrain", "st', "is not valid JSON"),
+                                            ("[1, 2]", "holds a JSON list, not the object")])
+def test_a_corrupt_done_json_names_the_file_and_the_fix(tmp_path, text, what):
+    (tmp_path / DONE).write_text(text)
+    with pytest.raises(UserError, match=rf"^{tmp_path / DONE} {what}.*delete it and rerun the same command"):
+        read_done(tmp_path)
+
+
+# ---- 2 and 3 through the command line -------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_finished_pretraining_is_reused_only_with_its_settings(tmp_path, prepared, corpus_dir, capsys):
+    args = ["pretrain", str(TINY_YAML), *tiny_overrides(tmp_path, corpus_dir, prepared), "data.num_workers=0",
+            *stage_overrides(["pretrain"], **TINY_STAGE, updates=2, ckpt_every=2, val_every=2), "--no-progress"]
+    run_dir = tmp_path / "runs" / "tiny" / "minijoint" / "pretrain"
+    assert main(args) == 0
+    done = (run_dir / DONE).read_text()
+    err_of(capsys)
+
+    # what changes between invocations (when to stop, how often to log, micro-batches, the lang selector): skipped
+    assert main([*args, "pretrain.trainer.stop_at=1", "pretrain.trainer.max_minutes=5", "pretrain.optim.micro_batch=8",
+                 "pretrain.trainer.log_every=1", "lang=de"]) == 0
+    assert f"[minimodel] {run_dir} is complete; skipping" in err_of(capsys)
+
+    assert main([*args, "pretrain.optim.updates=4"]) == 2
+    err = err_of(capsys)
+    assert (f"[minimodel] pretrain: error: {run_dir} is finished with pretrain.optim.updates=2 and cannot be "
+            f"continued to 4: its learning rate decayed linearly to 0 at its last update") in err
+
+    assert main([*args, "pretrain.optim.lr=1e-3", "pretrain.trainer.seed=2"]) == 2
+    err = err_of(capsys)
+    assert (f"[minimodel] pretrain: error: {run_dir} is finished, but it ran with other settings than this "
+            f"configuration's ({run_dir / CONFIG}): pretrain.optim.lr: 0.002 -> 0.001; pretrain.trainer.seed: 1 -> 2. "
+            f"Rerun with the settings it ran with") in err
+    assert "Traceback" not in err
+    assert (run_dir / DONE).read_text() == done  # nothing overwritten
+    assert OmegaConf.load(run_dir / CONFIG).pretrain.optim.lr == 2e-3
+
+    (run_dir / DONE).write_text(done[: len(done) // 2])  # cut short
+    assert main(args) == 2
+    err = err_of(capsys)
+    assert f"[minimodel] pretrain: error: {run_dir / DONE} is not valid JSON (" in err
+    assert "delete it and rerun the same command to finish the stage again from its last checkpoint" in err
+    (run_dir / DONE).unlink()  # the fix the message gives
+    assert main(args) == 0
+    assert json.loads((run_dir / DONE).read_text())["step"] == 2
+
+
+# ---- 4. results rows of the wrong shape ----------------------------------------------------------------------------
+
+ROW = {"system": "bl_base", "body": "primary", "task": "xnli", "lang": "de", "seed": 1, "step": 10, "flops": 1e15,
+       "v100_days": 0.5, "split": "test", "metric": "accuracy", "value": 50.0}
+
+
+def test_results_rows_of_the_wrong_shape_are_skipped_with_one_warning(tmp_path, capsys):
+    path = tmp_path / "runs" / "exp" / "bl_base" / "results.jsonl"
+    path.parent.mkdir(parents=True)
+    english = {**ROW, "lang": "en", "step": -1, "flops": 0.0, "v100_days": 0.0}
+    bad = [{k: v for k, v in ROW.items() if k != "seed"}, [1, 2], "text", 3, None, {**ROW, "seed": "one"},
+           {**ROW, "value": True}]
+    lines = [json.dumps(english), *(json.dumps(b) for b in bad), "{not json", "", json.dumps(ROW)]
+    path.write_text("\n".join(lines) + "\n" + json.dumps(ROW)[:20])  # and a last line cut short
+    logs.setup()
+    table = ResultsTable(path)
+    assert table.rows() == [english, ROW]
+    err = err_of(capsys)
+    assert err.count("[minimodel]") == 1
+    assert (f"[minimodel] {path}: skipped 8 line(s) that are not result rows (not JSON, or not an object with system, "
+            f"body, task, lang, split, metric, seed, step, flops, v100_days, value) and a last line cut short") in err
+    assert table.keys() == {("bl_base", "primary", "xnli", "en", 1, -1), ("bl_base", "primary", "xnli", "de", 1, 10)}
+    res = load_results(tmp_path / "runs", "exp")  # what the report reads
+    assert res.english == {("bl_base", "primary", "xnli"): 50.0}
+    assert [p.score for p in res.curves[("bl_base", "xnli", "de")]] == [50.0]
+    assert "[minimodel]" not in err_of(capsys)  # one warning per file, however often the report reads it
+
+
+def test_a_cut_last_line_alone_is_not_worth_a_warning(tmp_path, capsys):
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(ROW) + "\n" + json.dumps(ROW)[:20])
+    logs.setup()
+    assert ResultsTable(path).rows() == [ROW]
+    assert "[minimodel]" not in err_of(capsys)
+
+
+def test_a_stopped_run_resumes_only_with_the_settings_it_started_with(tmp_path, prepared, corpus_dir, capsys):
+    args = ["pretrain", str(TINY_YAML), *tiny_overrides(tmp_path, corpus_dir, prepared), "data.num_workers=0",
+            *stage_overrides(["pretrain"], **TINY_STAGE, updates=4, ckpt_every=2, val_every=2), "--no-progress"]
+    run_dir = tmp_path / "runs" / "tiny" / "minijoint" / "pretrain"
+    assert main([*args, "pretrain.trainer.stop_at=2"]) == 0  # stopped at update 2, checkpoint written
+    assert not (run_dir / DONE).exists()
+    err_of(capsys)
+    assert main([*args, "pretrain.optim.lr=1e-3"]) == 2
+    err = err_of(capsys)
+    assert (f"[minimodel] pretrain: error: {run_dir} holds a run stopped before its end that ran with other settings "
+            f"than this configuration's ({run_dir / CONFIG}): pretrain.optim.lr: 0.002 -> 0.001. Resuming it would "
+            f"mix the two") in err
+    assert OmegaConf.load(run_dir / CONFIG).pretrain.optim.lr == 2e-3  # its record is not overwritten
+    assert main(args) == 0 and (run_dir / DONE).exists()  # the same settings finish it
