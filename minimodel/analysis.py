@@ -4,12 +4,14 @@ and Figures 1 and 3 from the experiment's ``results.jsonl`` files, written as ``
 from __future__ import annotations
 
 import math
+import random
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean as mean
+from typing import Any
 
 from minimodel import systems
 from minimodel.config import ExperimentConfig
@@ -82,12 +84,46 @@ class Point:
     score: float
 
 
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample standard deviation (n - 1; 0 when n is 1) of ``n`` values, e.g. over finetuning seeds."""
+
+    mean: float
+    std: float
+    n: int
+
+
+def stat(values: Sequence[float]) -> Stat:
+    values = list(values)
+    if not values:
+        raise ValueError("no values")
+    m = mean(values)
+    if len(values) < 2 or any(math.isinf(v) for v in values):
+        return Stat(m, 0.0 if len(values) < 2 else math.nan, len(values))
+    return Stat(m, math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)), len(values))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate and its percentile bootstrap interval (``level``, e.g. 0.95)."""
+
+    point: float
+    low: float
+    high: float
+    level: float = 0.95
+
+    def spans(self, x: float) -> bool:
+        return self.low <= x <= self.high
+
+
 @dataclass
 class Results:
-    """The seed-averaged results of one experiment, main metric of each task, test split."""
+    """The results of one experiment, main metric of each task, test split: per seed, and averaged over seeds."""
 
     curves: dict[tuple[str, str, str], list[Point]] = field(default_factory=dict)  # (system, task, lang) -> by step
+    by_seed: dict[tuple[str, str, str], dict[int, list[Point]]] = field(default_factory=dict)  # ... -> seed -> by step
     english: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (system, body, task) -> score
+    english_stats: dict[tuple[str, str, str], Stat] = field(default_factory=dict)  # ... over seeds
     metrics: dict[str, str] = field(default_factory=dict)  # task -> main metric
     seeds: set[int] = field(default_factory=set)
     n_rows: int = 0
@@ -120,6 +156,29 @@ class Results:
         """95% of BL_BASE's final score: the same target for every system."""
         ref = self.final(REFERENCE, task, lang)
         return None if ref is None else NEAR_MAX * ref.score
+
+    def final_stat(self, system: str, task: str, lang: str) -> Stat | None:
+        """The final score over seeds (mean, std, n), at the last step of the seed-averaged curve."""
+        final = self.final(system, task, lang)
+        if final is None:
+            return None
+        return stat([p.score for c in self.by_seed[(system, task, lang)].values() for p in c if p.step == final.step])
+
+    def average_stat(self, system: str, task: str) -> Stat | None:
+        """The final score averaged over the task's languages, then over seeds; None when a language is missing."""
+        langs = self.langs(task)
+        finals = [self.final(system, task, lang) for lang in langs]
+        if not finals or any(f is None for f in finals):
+            return None
+        per_seed = [mean(p.score for lang, f in zip(langs, finals)
+                         for p in self.by_seed[(system, task, lang)][seed] if p.step == f.step)  # type: ignore[union-attr]
+                    for seed in self.seeds_of(system, task)]
+        return stat(per_seed)
+
+    def seeds_of(self, system: str, task: str) -> list[int]:
+        """The seeds every language of the task has for ``system``."""
+        sets = [set(v) for (s, t, _), v in self.by_seed.items() if s == system and t == task]
+        return sorted(set.intersection(*sets)) if sets else []
 
     def days_to_target(self, system: str, task: str, lang: str) -> float | None:
         """V100-days to near-maximal performance; None when the system or the target is missing."""
@@ -189,6 +248,74 @@ def speedups(base_days: Mapping[str, float], system_days: Mapping[str, float]) -
     return Speedup(sum(ratios) / len(ratios) if ratios else math.nan, tuple(used), tuple(excluded))
 
 
+BOOTSTRAP_REPS = 2000  # resamples of the seeds behind every interval
+
+
+def _mean_curve(curves: Sequence[Sequence[Point]]) -> list[Point]:
+    """The average of per-seed curves at the steps all of them have (a seed may appear twice: a resample)."""
+    by_step = [{p.step: p for p in c} for c in curves]
+    steps = sorted(set.intersection(*(set(b) for b in by_step)))
+    return [Point(step, mean(b[step].flops for b in by_step), mean(b[step].days for b in by_step),
+                  mean(b[step].score for b in by_step)) for step in steps]
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of ascending values (∞ allowed)."""
+    i = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[i]
+
+
+def _interval(point: float, replicates: list[float], level: float = 0.95) -> Interval:
+    reps = sorted(r for r in replicates if not math.isnan(r))
+    if not reps:
+        return Interval(point, math.nan, math.nan, level)
+    return Interval(point, _percentile(reps, (1 - level) / 2), _percentile(reps, 1 - (1 - level) / 2), level)
+
+
+@dataclass(frozen=True)
+class TimeToTarget:
+    """V100-days to the near-maximal target (averaged over languages) and the speedup over BL_BASE, each with a
+    bootstrap interval over finetuning seeds (resampled jointly when both systems have the same seeds: the
+    seeds are then paired, e.g. MiniPost evaluates BL_BASE's finetuned models)."""
+
+    days: Interval
+    speedup: Interval
+    seeds: int
+    paired: bool
+
+
+def time_to_target_interval(res: Results, system: str, task: str, reps: int = BOOTSTRAP_REPS,
+                            seed: int = 0) -> TimeToTarget | None:
+    """``TimeToTarget`` of ``system`` on ``task``; None without BL_BASE or without seeds for every language."""
+    langs = res.langs(task)
+    mine, ref = res.seeds_of(system, task), res.seeds_of(REFERENCE, task)
+    if not langs or not mine or not ref or any((s, task, lang) not in res.by_seed
+                                                for s in (system, REFERENCE) for lang in langs):
+        return None
+    paired = mine == ref
+
+    def estimate(my_seeds: Sequence[int], ref_seeds: Sequence[int]) -> tuple[float, float]:
+        mine_days, ref_days = {}, {}
+        for lang in langs:
+            ref_curve = _mean_curve([res.by_seed[(REFERENCE, task, lang)][x] for x in ref_seeds])
+            my_curve = _mean_curve([res.by_seed[(system, task, lang)][x] for x in my_seeds])
+            if not ref_curve or not my_curve:
+                return math.nan, math.nan
+            target = NEAR_MAX * ref_curve[-1].score
+            ref_days[lang] = time_to_target([p.days for p in ref_curve], [p.score for p in ref_curve], target)
+            mine_days[lang] = time_to_target([p.days for p in my_curve], [p.score for p in my_curve], target)
+        return mean(mine_days.values()), speedups(ref_days, mine_days).mean
+
+    rng = random.Random(seed)
+    replicates = []
+    for _ in range(reps):
+        drawn = rng.choices(mine, k=len(mine))
+        replicates.append(estimate(drawn, drawn if paired else rng.choices(ref, k=len(ref))))
+    days, speedup = estimate(mine, ref)
+    return TimeToTarget(_interval(days, [d for d, _ in replicates]), _interval(speedup, [s for _, s in replicates]),
+                        len(mine), paired)
+
+
 def results_from_rows(rows: Iterable[dict]) -> Results:
     """Average over seeds. A checkpoint counts only once every seed seen for its (system, task,
     language) has it, so a half-finished evaluation does not mix seeds."""
@@ -213,11 +340,18 @@ def results_from_rows(rows: Iterable[dict]) -> Results:
             adapted[(system, task, lang)][step].append(r)
     for key, by_step in adapted.items():
         n_seeds = len({r["seed"] for rs in by_step.values() for r in rs})
+        complete = [(step, rs) for step, rs in sorted(by_step.items()) if len(rs) == n_seeds]
         points = [Point(step, mean(r["flops"] for r in rs), mean(r["v100_days"] for r in rs), mean(r["value"] for r in rs))
-                  for step, rs in sorted(by_step.items()) if len(rs) == n_seeds]
+                  for step, rs in complete]
         if points:
             res.curves[key] = points
+            seeds: dict[int, list[Point]] = defaultdict(list)
+            for step, rs in complete:
+                for r in rs:
+                    seeds[int(r["seed"])].append(Point(step, float(r["flops"]), float(r["v100_days"]), float(r["value"])))
+            res.by_seed[key] = dict(seeds)
     res.english = {k: mean(v) for k, v in english.items()}
+    res.english_stats = {k: stat(v) for k, v in english.items()}
     return res
 
 
@@ -243,7 +377,46 @@ def fmt_days(x: float | None) -> str:
 
 
 def fmt_speedup(x: float) -> str:
-    return MISSING if math.isnan(x) else f"{x:.3g}×"
+    return MISSING if math.isnan(x) else ("∞" if math.isinf(x) else f"{x:.3g}×")
+
+
+def fmt_stat(x: Stat | None) -> str:
+    """``mean ± std`` (the mean alone for one value)."""
+    if x is None or math.isnan(x.mean):
+        return MISSING
+    if x.n < 2:
+        return fmt_score(x.mean)
+    return f"{x.mean:.1f} ± {x.std:.1f}" if not math.isnan(x.std) else fmt_score(x.mean)
+
+
+def fmt_interval(x: Interval | None, fmt: Any = None) -> str:
+    """``[low, high]`` formatted like the point estimate."""
+    fmt = fmt or fmt_days
+    if x is None or math.isnan(x.low):
+        return MISSING
+    return f"[{fmt(x.low)}, {fmt(x.high)}]"
+
+
+def _speedup_interval(tt: TimeToTarget | None) -> str:
+    """``[low, high]: verdict``, or just why there is no interval."""
+    verdict = speedup_verdict(tt)
+    if tt is None or tt.seeds < 2 or verdict == "no interval":
+        return f"({verdict})"
+    return f"{fmt_interval(tt.speedup, fmt_speedup)}: {verdict}"
+
+
+def speedup_verdict(tt: TimeToTarget | None) -> str:
+    """How a speedup may be read: a headline only when its interval (over at least two seeds) lies above 1."""
+    sp = None if tt is None else tt.speedup
+    if tt is None or sp is None or math.isnan(sp.low):
+        return "no interval"
+    if tt.seeds < 2:
+        return "one seed: no interval"
+    if sp.low > 1:
+        return "faster"
+    if sp.high < 1:
+        return "slower"
+    return "inconclusive (interval spans 1)"
 
 
 def _mean_or_none(values: list[float | None]) -> float | None:
@@ -273,18 +446,20 @@ def table_final(res: Results) -> str:
             if all(p is None for p in finals):
                 continue
             have = [p for p in finals if p is not None]
-            avg = _mean_or_none([None if p is None else p.score for p in finals])
             flops = mean(p.flops for p in have)
-            rows.append([system, *(fmt_score(None if p is None else p.score) for p in finals), fmt_score(avg),
-                         fmt_days(flops / 1e18), fmt_days(v100_days(flops))])
+            rows.append([system, str(len(res.seeds_of(system, task))),
+                         *(fmt_stat(res.final_stat(system, task, lang)) for lang in langs),
+                         fmt_stat(res.average_stat(system, task)), fmt_days(flops / 1e18), fmt_days(v100_days(flops))])
         base = [res.baselines.get((task, lang)) for lang in langs]
         if any(b is not None for b in base):
-            rows.append(["majority class (train)", *(fmt_score(b) for b in base), fmt_score(_mean_or_none(base)), "", ""])
+            rows.append(["majority class (train)", "", *(fmt_score(b) for b in base), fmt_score(_mean_or_none(base)),
+                         "", ""])
         targets = [res.target(task, lang) for lang in langs]
         if any(t is not None for t in targets):
-            rows.append([f"target ({NEAR_MAX:.0%} of {REFERENCE})", *(fmt_score(t) for t in targets),
+            rows.append([f"target ({NEAR_MAX:.0%} of {REFERENCE})", "", *(fmt_score(t) for t in targets),
                          fmt_score(_mean_or_none(targets)), "", ""])
-        blocks.append(_task_title(res, task) + "\n\n" + _table(["system", *langs, "avg", "EFLOPs", "V100-days"], rows))
+        blocks.append(_task_title(res, task) + "\n\n"
+                      + _table(["system", "n", *langs, "avg", "EFLOPs", "V100-days"], rows))
     return "\n\n".join(blocks)
 
 
@@ -300,8 +475,10 @@ def table_time(res: Results) -> str | None:
             days = [res.days_to_target(system, task, lang) for lang in langs]
             if all(d is None for d in days):
                 continue
-            rows.append([system, *(fmt_days(d) for d in days), fmt_days(_mean_or_none(days))])
-        blocks.append(_task_title(res, task) + "\n\n" + _table(["system", *langs, "avg"], rows))
+            ci = time_to_target_interval(res, system, task)
+            rows.append([system, *(fmt_days(d) for d in days), fmt_days(_mean_or_none(days)),
+                         fmt_interval(None if ci is None else ci.days)])
+        blocks.append(_task_title(res, task) + "\n\n" + _table(["system", *langs, "avg", "95% interval"], rows))
     return "\n\n".join(blocks)
 
 
@@ -324,7 +501,9 @@ def table_speedup(res: Results) -> str | None:
         cells = []
         for task in res.tasks:
             sp = system_speedup(res, system, task)
-            cells.append(fmt_speedup(sp.mean) + (f" ({len(sp.used)}/{len(res.langs(task))} langs)" if sp.used else ""))
+            ci = time_to_target_interval(res, system, task)
+            cells.append(fmt_speedup(sp.mean) + (f" ({len(sp.used)}/{len(res.langs(task))} langs)" if sp.used else "")
+                         + f" {_speedup_interval(ci)}")
             if sp.excluded:
                 notes.append(f"{system} / {task}: {len(sp.excluded)} language(s) excluded (∞: the target is never "
                              f"reached by one side): {', '.join(sp.excluded)}")
@@ -366,9 +545,14 @@ def table_english(res: Results) -> str | None:
     tasks = sorted({t for _, _, t in res.english})
     order = sort_systems({s for s, _, _ in res.english})
     keys = sorted({(s, b) for s, b, _ in res.english}, key=lambda k: (order.index(k[0]), k[1] != "primary", k[1]))
-    rows = [[s if b == "primary" else f"{s} ({b})", *(fmt_score(res.english.get((s, b, t))) for t in tasks)]
+    rows = [[s if b == "primary" else f"{s} ({b})",
+             *(fmt_stat(res.english_stats.get((s, b, t))) + _n(res.english_stats.get((s, b, t))) for t in tasks)]
             for s, b in keys]
     return _table(["model", *(f"{t} ({res.metrics.get(t, '?')})" for t in tasks)], rows)
+
+
+def _n(x: Stat | None) -> str:
+    return "" if x is None else f" (n={x.n})"
 
 
 # ---- Figure 3 -----------------------------------------------------------------------------------
@@ -383,9 +567,26 @@ def average_curve(res: Results, system: str, task: str) -> list[tuple[float, flo
     return [(mean(b[s].days for b in by_step), mean(b[s].score for b in by_step)) for s in steps]
 
 
+def seed_band(res: Results, system: str, task: str) -> list[tuple[float, float, float]]:
+    """(V100-days, mean - std, mean + std) over seeds of the language-averaged score, at the steps every language
+    and seed has; empty with fewer than two seeds."""
+    langs, seeds = res.langs(task), res.seeds_of(system, task)
+    if len(seeds) < 2 or any((system, task, lang) not in res.by_seed for lang in langs):
+        return []
+    per_seed = [_mean_curve([res.by_seed[(system, task, lang)][seed] for lang in langs]) for seed in seeds]
+    steps = sorted(set.intersection(*({p.step for p in c} for c in per_seed)))
+    band = []
+    for step in steps:
+        points = [next(p for p in c if p.step == step) for c in per_seed]
+        st = stat([p.score for p in points])
+        band.append((mean(p.days for p in points), st.mean - st.std, st.mean + st.std))
+    return band
+
+
 def plot_curves(res: Results, out_dir: Path) -> dict[str, Path]:
     """Figure 3: one PNG per task, score against V100-days, one line per system (averaged over
-    languages), dashed line at the mean near-maximal target. Returns task -> PNG path."""
+    languages) with a band of ± one standard deviation over seeds, dashed line at the mean near-maximal
+    target. Returns task -> PNG path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -398,7 +599,11 @@ def plot_curves(res: Results, out_dir: Path) -> dict[str, Path]:
         for system in res.main_systems:
             curve = average_curve(res, system, task)
             if curve:
-                ax.plot([x for x, _ in curve], [y for _, y in curve], marker="o", markersize=3, label=system)
+                line, = ax.plot([x for x, _ in curve], [y for _, y in curve], marker="o", markersize=3, label=system)
+                band = seed_band(res, system, task)
+                if band:
+                    ax.fill_between([x for x, _, _ in band], [lo for _, lo, _ in band], [hi for _, _, hi in band],
+                                    color=line.get_color(), alpha=0.2, linewidth=0)
         targets = [t for lang in res.langs(task) if (t := res.target(task, lang)) is not None]
         if targets:
             ax.axhline(mean(targets), linestyle="--", color="grey", linewidth=1,
@@ -427,9 +632,11 @@ def render_report(res: Results, name: str, plots: Mapping[str, str]) -> str:
     if not res.curves and not res.english:
         return "\n".join(out + ["No results yet (no `*/results.jsonl` rows): run `minimodel evaluate` first.", ""])
     out += [f"Systems: {', '.join(res.systems) or MISSING}. Tasks: {', '.join(res.tasks) or MISSING} "
-            f"(main metric: F1 for QA, accuracy otherwise; test split). Scores are averaged over "
-            f"{len(res.seeds)} seed(s) ({', '.join(map(str, sorted(res.seeds)))}) before anything else; "
-            f"{res.n_rows} rows read.", ""]
+            f"(main metric: F1 for QA, accuracy otherwise; test split). Scores are mean ± standard deviation over "
+            f"finetuning seeds (n per system in Table 2; seeds {', '.join(map(str, sorted(res.seeds)))}); curves, "
+            f"times to target and speedups use the seed-averaged scores, and their 95% intervals come from "
+            f"{BOOTSTRAP_REPS} bootstrap resamples of the seeds (paired when two systems share seeds). A speedup "
+            f"whose interval spans 1 is reported as inconclusive. {res.n_rows} rows read.", ""]
     if res.curves:
         out += ["## Performance at training completion (Table 2)", "",
                 "Zero-shot score at the last adaptation checkpoint per target language, its average over the "
@@ -463,7 +670,8 @@ def render_report(res: Results, name: str, plots: Mapping[str, str]) -> str:
                 "of its mini-model finetuned on its own.", "", english, ""]
     if plots:
         out += ["## Score against V100-days (Figure 3)", "",
-                "Average over languages at matching checkpoints; dashed: mean near-maximal target.", ""]
+                "Average over languages at matching checkpoints; bands: ± one standard deviation over seeds; "
+                "dashed: mean near-maximal target.", ""]
         out += [f"![{task}]({link})\n" for task, link in plots.items()]
     return "\n".join(out)
 
@@ -490,7 +698,7 @@ def summary_text(res: Results) -> str:
     if not res.curves:
         return "no results"
     has_ref = any(s == REFERENCE for s, _, _ in res.curves)
-    lines = [f"{'task':<10} {'system':<16} {'final':>7} {'days to 95%':>12} {'speedup':>8}"]
+    lines = [f"{'task':<10} {'system':<16} {'final':>7}{'':<6} {'days to 95%':>12} {'speedup':>8}  95% interval"]
     for task in res.tasks:
         langs = res.langs(task)
         for system in res.systems:
@@ -500,12 +708,16 @@ def summary_text(res: Results) -> str:
             score = _mean_or_none([None if p is None else p.score for p in finals])
             days = _mean_or_none([res.days_to_target(system, task, lang) for lang in langs]) if has_ref else None
             sp = MISSING if system == REFERENCE or not has_ref else fmt_speedup(system_speedup(res, system, task).mean)
-            lines.append(f"{task:<10} {system:<16} {fmt_score(score):>7} {fmt_days(days):>12} {sp:>8}")
+            ci = time_to_target_interval(res, system, task) if has_ref and system != REFERENCE else None
+            extra = "" if ci is None else f"  {_speedup_interval(ci)}"
+            spread = res.average_stat(system, task)
+            spread_text = f" ±{spread.std:.1f}" if spread is not None and spread.n > 1 and not math.isnan(spread.std) else ""
+            lines.append(f"{task:<10} {system:<16} {fmt_score(score):>7}{spread_text:<6} {fmt_days(days):>12} {sp:>8}{extra}")
     for task in res.tasks:
         base = [res.baselines.get((task, lang)) for lang in res.langs(task)]
         if any(b is not None for b in base):
             per_lang = ", ".join(f"{lang} {fmt_score(b)}" for lang, b in zip(res.langs(task), base))
-            lines.append(f"{task:<10} {'majority class':<16} {fmt_score(_mean_or_none(base)):>7}   ({per_lang})")
+            lines.append(f"{task:<10} {'majority class':<16} {fmt_score(_mean_or_none(base)):>7}{'':<6}   ({per_lang})")
     if not has_ref:
         lines.append(NO_REFERENCE)
     return "\n".join(lines)

@@ -8,7 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from minimodel.analysis import load_results, results_from_rows, speedups, summary, time_to_target, write_report
+from minimodel.analysis import (
+    fmt_stat,
+    load_results,
+    results_from_rows,
+    speedup_verdict,
+    speedups,
+    stat,
+    summary,
+    time_to_target,
+    time_to_target_interval,
+    write_report,
+)
 from minimodel.flops import V100_DAY
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -138,24 +149,24 @@ def test_report(tree: Path):
     assert path == tree / "demo" / "report.md"
     text = path.read_text(encoding="utf-8")
     # Table 2: final scores, their average, and the target row
-    assert "| minijoint | 79.0 | 59.0 | 69.0 | 5.18 | 2 |" in text  # 2 V100-days = 5.184 EFLOPs
-    assert "| target (95% of bl_base) | 76.0 | 57.0 | 66.5 |  |  |" in text
+    assert "| minijoint | 2 | 79.0 ± 1.4 | 59.0 ± 1.4 | 69.0 ± 1.4 | 5.18 | 2 |" in text  # 2 V100-days = 5.184 EFLOPs
+    assert "| target (95% of bl_base) |  | 76.0 | 57.0 | 66.5 |  |  |" in text
     # Table 3, by hand (see SCORES)
-    assert "| system | ar | de | avg |" in text
+    assert "| system | ar | de | avg | 95% interval |" in text
     assert "| bl_base | 2.5 | 1.88 | 2.19 |" in text
     assert "| bl_small | 1.6 | ∞ | ∞ |" in text
     assert "| minijoint | 0.9 | 0.5 | 0.7 |" in text
     assert "| minipost | ∞ | 1.5 | ∞ |" in text
     # Figure 1: mean of (2.5 / 0.9, 1.875 / 0.5) = 3.26, not 2.1875 / 0.7 = 3.125
-    assert "| minijoint | 3.26× (2/2 langs) |" in text
-    assert "| minipost | 1.25× (1/2 langs) |" in text
+    assert "| minijoint | 3.26× (2/2 langs) [" in text
+    assert "| minipost | 1.25× (1/2 langs) [" in text
     assert "minipost / xnli: 1 language(s) excluded" in text and "bl_small / xnli: 1 language(s) excluded" in text
     # Table 4: columns by depth, N=2 before N=10
     assert "| language | bl_base | minijoint N=2 | minijoint N=10 |" in text
     assert "| ar | 2.5 | 0.481 | 2.25 |" in text
     assert "| de | 1.88 | 0.733 | 1.69 |" in text
     # Table 5: English test scores, the mini-model on its own row
-    assert "| minijoint | 84.5 |" in text and "| minijoint (mini) | 78.0 |" in text
+    assert "| minijoint | 84.5 ± 1.4 (n=2) |" in text and "| minijoint (mini) | 78.0 ± 1.4 (n=2) |" in text
     # Figure 3
     assert "![xnli](plots/xnli.png)" in text
     png = tree / "demo" / "plots" / "xnli.png"
@@ -173,7 +184,7 @@ def test_tiny_days_stay_readable(tmp_path: Path):
 def test_no_reference_no_crash(tmp_path: Path):
     write_rows(tmp_path / "d" / "minijoint" / "results.jsonl", rows_of("minijoint"))
     text = write_report(tmp_path, "d").read_text(encoding="utf-8")
-    assert "No bl_base (BL_BASE) results" in text and "Table 3" not in text and "| minijoint | 79.0 |" in text
+    assert "No bl_base (BL_BASE) results" in text and "Table 3" not in text and "| minijoint | 2 | 79.0 ± 1.4 |" in text
     assert (tmp_path / "d" / "plots" / "xnli.png").read_bytes()[:8] == PNG
     assert "No bl_base" in summary(tmp_path, "d")
 
@@ -197,3 +208,39 @@ def test_qa_main_metric_is_f1():
             "flops": 1.0, "v100_days": 1.0, "split": "test"}
     res = results_from_rows([base | {"metric": "exact_match", "value": 30.0}, base | {"metric": "f1", "value": 45.0}])
     assert res.metrics == {"mlqa": "f1"} and res.final("bl_base", "mlqa", "de").score == 45.0
+
+
+def curve_rows(system: str, seed: int, scores: tuple[float, ...], lang: str = "de") -> list[dict]:
+    return [{"system": system, "body": "primary", "task": "t", "lang": lang, "seed": seed, "step": step,
+             "flops": days * V100_DAY, "v100_days": days, "split": "test", "metric": "accuracy", "value": score}
+            for step, days, score in zip(STEPS, (1, 2, 3, 4), scores)]
+
+
+def test_scores_are_mean_and_std_over_seeds():
+    res = results_from_rows([*curve_rows("bl_base", 1, (50, 60, 70, 80)), *curve_rows("bl_base", 2, (50, 60, 70, 84)),
+                             *curve_rows("bl_base", 3, (50, 60, 70, 82))])
+    st = res.final_stat("bl_base", "t", "de")
+    assert (st.mean, st.n) == (82.0, 3) and st.std == pytest.approx(2.0)
+    assert res.average_stat("bl_base", "t") == st  # one language
+    assert fmt_stat(st) == "82.0 ± 2.0" and fmt_stat(stat([5.0])) == "5.0"
+
+
+def test_time_to_target_and_speedup_intervals_by_hand():
+    """BL_BASE reaches its target (76) at 3.6 days with either seed. The system reaches it at day 1 with seed 1 and at
+    3.95 with seed 2 (3.9 with both averaged). Resampling the two paired seeds gives {1}, {1, 2} or {2}: the interval
+    is [1, 3.95], and the speedup's [3.6 / 3.95, 3.6 / 1] spans 1: inconclusive, not a headline."""
+    rows = [*curve_rows("bl_base", 1, (50, 60, 70, 80)), *curve_rows("bl_base", 2, (50, 60, 70, 80)),
+            *curve_rows("minijoint", 1, (80, 80, 80, 80)), *curve_rows("minijoint", 2, (0, 0, 0, 80))]
+    res = results_from_rows(rows)
+    tt = time_to_target_interval(res, "minijoint", "t")
+    assert tt is not None and tt.paired and tt.seeds == 2
+    assert (tt.days.point, tt.days.low, tt.days.high) == pytest.approx((3.9, 1.0, 3.95))
+    assert (tt.speedup.point, tt.speedup.low, tt.speedup.high) == pytest.approx((3.6 / 3.9, 3.6 / 3.95, 3.6))
+    assert speedup_verdict(tt) == "inconclusive (interval spans 1)"
+    assert time_to_target_interval(res, "minijoint", "t") == tt  # seeded: the same interval every time
+    # one seed: no spread to resample
+    one = time_to_target_interval(results_from_rows([r for r in rows if r["seed"] == 1]), "minijoint", "t")
+    assert (one.days.low, one.days.high, speedup_verdict(one)) == (1.0, 1.0, "one seed: no interval")
+    # seeds that are not the reference's are resampled independently of its seeds
+    other = [r | {"seed": r["seed"] + 10} if r["system"] == "minijoint" else r for r in rows]
+    assert not time_to_target_interval(results_from_rows(other), "minijoint", "t").paired
