@@ -124,6 +124,7 @@ class Results:
     by_seed: dict[tuple[str, str, str], dict[int, list[Point]]] = field(default_factory=dict)  # ... -> seed -> by step
     english: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (system, body, task) -> score
     english_stats: dict[tuple[str, str, str], Stat] = field(default_factory=dict)  # ... over seeds
+    english_by_seed: dict[tuple[str, str, str], dict[int, float]] = field(default_factory=dict)  # ... -> seed -> score
     metrics: dict[str, str] = field(default_factory=dict)  # task -> main metric
     seeds: set[int] = field(default_factory=set)
     n_rows: int = 0
@@ -272,6 +273,50 @@ def _interval(point: float, replicates: list[float], level: float = 0.95) -> Int
     return Interval(point, _percentile(reps, (1 - level) / 2), _percentile(reps, 1 - (1 - level) / 2), level)
 
 
+def seeds_of_system(res: Results, system: str) -> list[int]:
+    """Every finetuning seed with results of ``system`` (adaptation curves or English scores)."""
+    found = {seed for (s, _, _), v in res.by_seed.items() if s == system for seed in v}
+    found |= {seed for (s, _, _), v in res.english_by_seed.items() if s == system for seed in v}
+    return sorted(found)
+
+
+def resample(res: Results, draws: Mapping[str, Sequence[int]]) -> Results:
+    """``res`` as if the seeds of each system were ``draws[system]`` (repeats allowed: a bootstrap resample);
+    systems not in ``draws`` keep their seeds. Curves are the averages over the drawn seeds."""
+    out = Results(metrics=res.metrics, baselines=res.baselines, n_rows=res.n_rows)
+    for key, seeds in res.by_seed.items():
+        chosen = [x for x in draws.get(key[0], sorted(seeds)) if x in seeds]
+        if chosen:
+            out.by_seed[key] = {i: seeds[x] for i, x in enumerate(chosen)}
+            out.curves[key] = _mean_curve([seeds[x] for x in chosen])
+    for key, values in res.english_by_seed.items():
+        chosen = [x for x in draws.get(key[0], sorted(values)) if x in values]
+        if chosen:
+            out.english_by_seed[key] = {i: values[x] for i, x in enumerate(chosen)}
+            out.english[key] = mean(values[x] for x in chosen)
+    out.seeds = {i for v in out.by_seed.values() for i in v}
+    return out
+
+
+def bootstrap(res: Results, systems_: Sequence[str], estimate: Any, reps: int = BOOTSTRAP_REPS,
+              seed: int = 0, level: float = 0.95) -> Interval:
+    """Percentile bootstrap interval of ``estimate(results)`` (a float, nan: not computable) over finetuning seeds.
+    The seeds of ``systems_`` are resampled jointly when the systems have the same seeds (paired: e.g. MiniPost
+    evaluates BL_BASE's finetuned models), otherwise independently per system."""
+    seeds = {s: seeds_of_system(res, s) for s in systems_}
+    paired = len({tuple(v) for v in seeds.values()}) == 1
+    rng = random.Random(seed)
+    replicates = []
+    for _ in range(reps):
+        if paired:
+            drawn = rng.choices(seeds[systems_[0]], k=len(seeds[systems_[0]]))
+            draws = {s: drawn for s in systems_}
+        else:
+            draws = {s: rng.choices(v, k=len(v)) for s, v in seeds.items() if v}
+        replicates.append(estimate(resample(res, draws)))
+    return _interval(estimate(res), replicates, level)
+
+
 @dataclass(frozen=True)
 class TimeToTarget:
     """V100-days to the near-maximal target (averaged over languages) and the speedup over BL_BASE, each with a
@@ -332,10 +377,10 @@ def results_from_rows(rows: Iterable[dict]) -> Results:
             latest[(r["system"], r["body"], r["task"], r["lang"], int(r["seed"]), int(r["step"]))] = r
     res.seeds = {k[4] for k in latest}
     adapted: dict[tuple[str, str, str], dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    english: dict[tuple[str, str, str], list[float]] = defaultdict(list)
-    for (system, body, task, lang, _, step), r in latest.items():
+    english: dict[tuple[str, str, str], dict[int, float]] = defaultdict(dict)
+    for (system, body, task, lang, seed, step), r in latest.items():
         if step < 0:
-            english[(system, body, task)].append(float(r["value"]))
+            english[(system, body, task)][seed] = float(r["value"])
         elif body == "primary":
             adapted[(system, task, lang)][step].append(r)
     for key, by_step in adapted.items():
@@ -350,8 +395,9 @@ def results_from_rows(rows: Iterable[dict]) -> Results:
                 for r in rs:
                     seeds[int(r["seed"])].append(Point(step, float(r["flops"]), float(r["v100_days"]), float(r["value"])))
             res.by_seed[key] = dict(seeds)
-    res.english = {k: mean(v) for k, v in english.items()}
-    res.english_stats = {k: stat(v) for k, v in english.items()}
+    res.english_by_seed = {k: dict(v) for k, v in english.items()}
+    res.english = {k: mean(v.values()) for k, v in english.items()}
+    res.english_stats = {k: stat(list(v.values())) for k, v in english.items()}
     return res
 
 
@@ -626,8 +672,9 @@ NO_REFERENCE = (f"No {REFERENCE} (BL_BASE) results: there is no near-maximal tar
                 "final score), so the times to target, the speedups and the depth sweep are left out.")
 
 
-def render_report(res: Results, name: str, plots: Mapping[str, str]) -> str:
-    """The Markdown report; ``plots``: task -> relative link of its PNG."""
+def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Mapping[str, int] | None = None) -> str:
+    """The Markdown report; ``plots``: task -> relative link of its PNG; ``depths``: MiniJoint label -> depth of its
+    mini-model (for the claim about depth)."""
     out = [f"# Mini-model adaptation: {name}", ""]
     if not res.curves and not res.english:
         return "\n".join(out + ["No results yet (no `*/results.jsonl` rows): run `minimodel evaluate` first.", ""])
@@ -663,6 +710,14 @@ def render_report(res: Results, name: str, plots: Mapping[str, str]) -> str:
                 out += ["## Depth of the secondary head (Table 4)", "",
                         "V100-days to near-maximal performance (still 95% of BL_BASE) for each depth N of the "
                         "mini-model; the last row is the average speedup over BL_BASE.", "", depth, ""]
+    if res.curves and any(s == REFERENCE for s, _, _ in res.curves):
+        from minimodel.claims import claims_table
+
+        out += ["## The paper's claims", "",
+                "Each claim of the paper, its figure there, ours with a 95% bootstrap interval over finetuning seeds "
+                "(n per system), the rule that decides *held*, and the verdict: *held* when the interval lies on the "
+                "claim's side of the rule, *not held* when it lies on the other side, *inconclusive* when it spans "
+                "the rule's threshold.", "", claims_table(res, depths), ""]
     english = table_english(res)
     if english:
         out += ["## English (Table 5)", "",
@@ -677,7 +732,8 @@ def render_report(res: Results, name: str, plots: Mapping[str, str]) -> str:
 
 
 def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
-                 baselines: Mapping[tuple[str, str], float] | None = None) -> Path:
+                 baselines: Mapping[tuple[str, str], float] | None = None,
+                 depths: Mapping[str, int] | None = None) -> Path:
     """Read every ``{runs_dir}/{name}/*/results.jsonl``; write ``report.md`` (default
     ``{runs_dir}/{name}/report.md``) and its PNGs under ``plots/`` next to it. Returns the report path.
     ``baselines``: (task, lang) -> majority-class score, shown under Table 2."""
@@ -686,7 +742,8 @@ def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
     out = Path(out) if out is not None else Layout(Path(runs_dir), name).report
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs = plot_curves(res, out.parent / "plots") if res.curves else {}
-    text = render_report(res, name, {task: path.relative_to(out.parent).as_posix() for task, path in pngs.items()})
+    text = render_report(res, name, {task: path.relative_to(out.parent).as_posix() for task, path in pngs.items()},
+                         depths)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(out)

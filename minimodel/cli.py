@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from minimodel import log as logs
@@ -89,6 +90,14 @@ def cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     return ""
 
 
+def mini_depths(config: str, overrides: list[str]) -> dict[str, int]:
+    """Depth of the mini-model of every MiniJoint-like variant (a head of its own model) of the experiment."""
+    from minimodel.pipeline import variants
+    from minimodel.systems import Body, adapt_depth, of
+
+    return {v.label: adapt_depth(v.cfg) for v in variants(config, overrides) if of(v.cfg).body is Body.HEAD}
+
+
 def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.analysis import summary, write_report
     from minimodel.data.tasks import TaskData, majority_baseline
@@ -101,7 +110,8 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
             baselines.update({(task, lang): v for lang, v in majority_baseline(data, langs).items()})
         except Exception as e:  # the hub may be out of reach: the report goes on without the baseline
             log.warning(f"no majority-class baseline for {task}: {e}")
-    path = write_report(cfg.runs_dir, cfg.name, baselines=baselines)
+    path = write_report(cfg.runs_dir, cfg.name, out=Path(args.out) if args.out else None, baselines=baselines,
+                        depths=mini_depths(args.config, args.overrides))
     print(summary(cfg.runs_dir, cfg.name, baselines=baselines))
     print(f"report: {path}")
     return ""
@@ -146,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
         if name == "prepare":
             s.add_argument("--langs", default="", help="comma-separated languages (default: source + targets)")
+        if name == "report":
+            s.add_argument("--out", default="", help="where to write the report (default runs_dir/NAME/report.md); "
+                                                     "its plots go to plots/ beside it")
         if name == "submit":
             s.add_argument("--launcher", default="local", help="conf/launcher/NAME.yaml or a path (cluster resources)")
             s.add_argument("--dry-run", action="store_true", help="write and print the scripts, submit nothing")

@@ -244,3 +244,24 @@ def test_time_to_target_and_speedup_intervals_by_hand():
     # seeds that are not the reference's are resampled independently of its seeds
     other = [r | {"seed": r["seed"] + 10} if r["system"] == "minijoint" else r for r in rows]
     assert not time_to_target_interval(results_from_rows(other), "minijoint", "t").paired
+
+
+def test_claims_by_hand(tree: Path):
+    """The synthetic tree (two seeds at -1 / +1 of the scores in SCORES, the same for every system: paired)."""
+    from minimodel.claims import claims, claims_table
+
+    res = load_results(tree, "demo")
+    got = {c.claim.split(" ")[0] + " " + c.claim.split(" ")[1]: c for c in
+           claims(res, "xnli", depths={"minijoint-n2": 2, "minijoint-n10": 10}, reps=200)}
+    assert got["MiniJoint reaches"].verdict == "held"  # 3.26x, both seeds shift every curve alike
+    assert got["MiniJoint reaches"].ours.startswith("3.26× [")
+    minipost = got["MiniPost keeps"]  # 66.5 / 70 = 95.0%, below the 97% rule, at 2 / 4 = 50% of the cost
+    assert minipost.verdict == "not held" and "at 50.0% of the cost" in minipost.ours
+    assert got["BL_SMALL plateaus"].verdict == "held"  # 66 vs 69 and 70
+    assert got["BL_SMALL plateaus"].ours.startswith("-3.0 [-3.0, -3.0] vs minijoint; -4.0 [-4.0, -4.0] vs bl_base")
+    depth = got["Shallower mini-models"]  # N=2 is faster (3.88x vs 1.11x) but does not plateau lower (70.5 vs 70)
+    assert depth.verdict == "not held" and "final +0.5 [+0.5, +0.5]" in depth.ours
+    assert got["Dual-head pretraining"].verdict == "held"  # 84.5 vs 85.0: -0.5, above -1
+    assert got["Distant (SOV)"].verdict == "not measured"  # ar and de only
+    table = claims_table(res, {"minijoint-n2": 2, "minijoint-n10": 10}, reps=50)
+    assert table.count("\n| ") == 7 and "**not held**" in table

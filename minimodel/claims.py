@@ -1,0 +1,205 @@
+"""The paper's claims, checked one by one against an experiment's results.
+
+Each claim is an estimate computed from the seed-averaged results, a 95% percentile bootstrap interval
+over finetuning seeds (``analysis.bootstrap``), the paper's figure, and a verdict from a rule stated
+with the claim: *held* when the interval lies on the claim's side of the rule's threshold, *not
+held* when it lies on the other side, *inconclusive* when it spans the threshold. Settings are never
+chosen on these numbers (they are test-set scores). Nothing here imports torch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from statistics import fmean as mean
+
+from minimodel.analysis import (
+    REFERENCE,
+    Interval,
+    Results,
+    bootstrap,
+    fmt_speedup,
+    seeds_of_system,
+    system_speedup,
+)
+
+MINIJOINT, MINIPOST, BL_SMALL = "minijoint", "minipost", "bl_small"
+DISTANT = ("tr", "hi", "ur", "ja", "ko")  # SOV languages, the most distant from English (paper, §5.4)
+CLOSE = ("de", "es", "fr")  # the three closest to English in the paper's set
+Estimate = Callable[[Results], float]
+
+
+@dataclass(frozen=True)
+class Claim:
+    claim: str
+    paper: str
+    rule: str  # what "held" means here
+    ours: str  # the estimate with its interval and n
+    verdict: str  # held / not held / inconclusive / not measured
+
+
+def avg_final(res: Results, system: str, task: str) -> float:
+    finals = [res.final(system, task, lang) for lang in res.langs(task)]
+    return math.nan if not finals or any(f is None for f in finals) else mean(f.score for f in finals)  # type: ignore[union-attr]
+
+
+def final_cost(res: Results, system: str, task: str) -> float:
+    """Step-2 FLOPs to the last checkpoint, averaged over languages."""
+    finals = [f for lang in res.langs(task) if (f := res.final(system, task, lang)) is not None]
+    return mean(f.flops for f in finals) if finals else math.nan
+
+
+def verdict(iv: Interval, above: float | None = None, below: float | None = None) -> str:
+    """held when the whole interval is above ``above`` (or below ``below``), not held when it is wholly on the other
+    side, inconclusive otherwise; not measured without an interval."""
+    if math.isnan(iv.point) or math.isnan(iv.low):
+        return "not measured"
+    if above is not None:
+        return "held" if iv.low > above else ("not held" if iv.high < above else "inconclusive")
+    assert below is not None
+    return "held" if iv.high < below else ("not held" if iv.low > below else "inconclusive")
+
+
+def _both(a: str, b: str) -> str:
+    if a == b:
+        return a
+    if "not measured" in (a, b):
+        return "not measured"
+    if "not held" in (a, b):
+        return "not held"
+    return "inconclusive"
+
+
+def _iv(iv: Interval, fmt: Callable[[float], str]) -> str:
+    return f"{fmt(iv.point)} [{fmt(iv.low)}, {fmt(iv.high)}]"
+
+
+def _points(x: float) -> str:
+    return "—" if math.isnan(x) else f"{x:+.1f}"
+
+
+def _pct(x: float) -> str:
+    return "—" if math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def _n(res: Results, *systems: str) -> str:
+    return "n=" + "/".join(str(len(seeds_of_system(res, s))) for s in systems)
+
+
+def _has(res: Results, *systems: str) -> bool:
+    return all(any(k[0] == s for k in res.curves) for s in systems)
+
+
+def claims(res: Results, task: str, depths: Mapping[str, int] | None = None, reps: int = 2000) -> list[Claim]:
+    """Every claim the results can speak to (a row saying "not measured" for the others)."""
+    out: list[Claim] = []
+
+    def b(systems: list[str], est: Estimate) -> Interval:
+        return bootstrap(res, systems, est, reps=reps)
+
+    # 1. MiniJoint: near-maximal performance with less step-2 compute
+    claim = "MiniJoint reaches 95% of BL_BASE's final score with less step-2 compute"
+    rule = "speedup interval above 1×"
+    paper = "2.3× average speedup (XNLI: 1.6 vs 2.1 V100-days)"
+    if _has(res, REFERENCE, MINIJOINT):
+        iv = b([REFERENCE, MINIJOINT], lambda r: system_speedup(r, MINIJOINT, task).mean)
+        sp = system_speedup(res, MINIJOINT, task)
+        where = f" ({len(sp.used)}/{len(res.langs(task))} langs reach the target)"
+        out.append(Claim(claim, paper, rule, _iv(iv, fmt_speedup) + where + f", {_n(res, REFERENCE, MINIJOINT)}",
+                         verdict(iv, above=1.0)))
+    else:
+        out.append(Claim(claim, paper, rule, "—", "not measured"))
+
+    # 2. MiniPost: ~99% of BL_BASE's final score at about half its cost
+    claim = "MiniPost keeps ~99% of BL_BASE's final score at about half its step-2 cost"
+    rule = "score ratio interval above 97% and cost ratio at most 60%"
+    paper = "99.3% at 54% of the cost (29.3 vs 54.1 EFLOPs)"
+    if _has(res, REFERENCE, MINIPOST):
+        iv = b([REFERENCE, MINIPOST], lambda r: avg_final(r, MINIPOST, task) / avg_final(r, REFERENCE, task))
+        cost = final_cost(res, MINIPOST, task) / final_cost(res, REFERENCE, task)
+        v = verdict(iv, above=0.97)
+        if v == "held" and not cost <= 0.6:
+            v = "not held"
+        out.append(Claim(claim, paper, rule, f"{_iv(iv, _pct)} at {_pct(cost)} of the cost, "
+                         f"{_n(res, REFERENCE, MINIPOST)}", v))
+    else:
+        out.append(Claim(claim, paper, rule, "—", "not measured"))
+
+    # 3. BL_SMALL plateaus below the others
+    claim = "BL_SMALL plateaus below the others (final score)"
+    rule = "differences BL_SMALL − MiniJoint and BL_SMALL − BL_BASE below 0"
+    paper = "XNLI: −4.0 vs MiniJoint, −5.7 vs BL_BASE"
+    others = [s for s in (MINIJOINT, REFERENCE) if _has(res, s)]
+    if _has(res, BL_SMALL) and others:
+        parts, verdicts = [], []
+        for other in others:
+            iv = b([BL_SMALL, other], lambda r, o=other: avg_final(r, BL_SMALL, task) - avg_final(r, o, task))
+            parts.append(f"{_iv(iv, _points)} vs {other}")
+            verdicts.append(verdict(iv, below=0.0))
+        v = verdicts[0] if len(verdicts) == 1 else _both(*verdicts)
+        out.append(Claim(claim, paper, rule, "; ".join(parts) + f", {_n(res, BL_SMALL, *others)}", v))
+    else:
+        out.append(Claim(claim, paper, rule, "—", "not measured"))
+
+    # 4. Shallower mini-models adapt faster but plateau lower
+    claim = "Shallower mini-models adapt faster but plateau lower"
+    rule = "shallow − deep: speedup difference above 0 and final-score difference below 0"
+    paper = "Table 4 / Figure 4: head after layer 2 fastest (de), lowest final score"
+    known = {s: d for s, d in (depths or {}).items() if _has(res, s)}
+    if len(known) >= 2 and _has(res, REFERENCE):
+        shallow, deep = min(known, key=known.get), max(known, key=known.get)  # type: ignore[arg-type]
+        faster = b([REFERENCE, shallow, deep], lambda r: system_speedup(r, shallow, task).mean
+                   - system_speedup(r, deep, task).mean)
+        lower = b([shallow, deep], lambda r: avg_final(r, shallow, task) - avg_final(r, deep, task))
+        v = _both(verdict(faster, above=0.0), verdict(lower, below=0.0))
+        out.append(Claim(claim, paper, rule, f"N={known[shallow]} vs N={known[deep]}: speedup "
+                         f"{_iv(faster, lambda x: f'{x:+.2f}×')}, final {_iv(lower, _points)}, "
+                         f"{_n(res, shallow, deep)}", v))
+    else:
+        out.append(Claim(claim, paper, rule, "— (needs two MiniJoint depths)", "not measured"))
+
+    # 5. Dual-head pretraining does not hurt English
+    claim = "Dual-head pretraining does not hurt English (MiniJoint vs BL_BASE, English test)"
+    rule = "difference interval above −1 point"
+    paper = "86.2 vs 86.4 (−0.2)"
+    key_mj, key_bl = (MINIJOINT, "primary", task), (REFERENCE, "primary", task)
+    if key_mj in res.english_by_seed and key_bl in res.english_by_seed:
+        iv = b([REFERENCE, MINIJOINT], lambda r: r.english.get(key_mj, math.nan) - r.english.get(key_bl, math.nan))
+        out.append(Claim(claim, paper, rule, f"{_iv(iv, _points)}, {_n(res, REFERENCE, MINIJOINT)}",
+                         verdict(iv, above=-1.0)))
+    else:
+        out.append(Claim(claim, paper, rule, "—", "not measured"))
+
+    # 6. Distant languages are slower
+    claim = "Distant (SOV) languages need more compute to reach the target than close ones (BL_BASE)"
+    rule = "ratio of V100-days (distant / close) above 1"
+    paper = "XNLI: tr 2.3 days vs de/es/fr 0.9 on average (2.6×)"
+    langs = res.langs(task)
+    far, close = [x for x in DISTANT if x in langs], [x for x in CLOSE if x in langs]
+    if _has(res, REFERENCE) and far and close:
+        def ratio(r: Results) -> float:
+            days = {x: r.days_to_target(REFERENCE, task, x) for x in (*far, *close)}
+            if any(d is None or math.isinf(d) or d <= 0 for d in days.values()):
+                return math.nan
+            return mean(days[x] for x in far) / mean(days[x] for x in close)  # type: ignore[misc]
+        iv = b([REFERENCE], ratio)
+        out.append(Claim(claim, paper, rule, f"{'/'.join(far)} vs {'/'.join(close)}: {_iv(iv, fmt_speedup)}, "
+                         f"{_n(res, REFERENCE)}", verdict(iv, above=1.0)))
+    else:
+        out.append(Claim(claim, paper, rule, f"— (needs BL_BASE, one of {', '.join(DISTANT)} and one of "
+                         f"{', '.join(CLOSE)})", "not measured"))
+    return out
+
+
+def claims_table(res: Results, depths: Mapping[str, int] | None = None, tasks: Sequence[str] | None = None,
+                 reps: int = 2000) -> str:
+    """The claims as a Markdown table per task."""
+    blocks = []
+    for task in tasks or res.tasks:
+        rows = claims(res, task, depths, reps)
+        lines = ["| claim | paper | ours: estimate [95% interval] | rule for *held* | verdict |",
+                 "|---|---|---|---|---|"]
+        lines += [f"| {c.claim} | {c.paper} | {c.ours} | {c.rule} | **{c.verdict}** |" for c in rows]
+        blocks.append(f"**{task}**\n\n" + "\n".join(lines))
+    return "\n\n".join(blocks)
+
