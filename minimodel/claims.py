@@ -29,6 +29,28 @@ CLOSE = ("de", "es", "fr")  # the three closest to English in the paper's set
 Estimate = Callable[[Results], float]
 
 
+TEXTS: dict[int, tuple[str, str, str]] = {  # claim, the paper's figure, the rule for *held*
+    1: ("MiniJoint reaches 95% of BL_BASE's final score with less step-2 compute",
+        "2.3× average speedup (XNLI: 1.6 vs 2.1 V100-days)",
+        "speedup interval above 1×"),
+    2: ("MiniPost keeps ~99% of BL_BASE's final score at about half its step-2 cost",
+        "99.3% at 54% of the cost (29.3 vs 54.1 EFLOPs)",
+        "score ratio interval above 97% and cost ratio at most 60%"),
+    3: ("BL_SMALL plateaus below the others (final score)",
+        "XNLI: −4.0 vs MiniJoint, −5.7 vs BL_BASE",
+        "differences BL_SMALL − MiniJoint and BL_SMALL − BL_BASE below 0"),
+    4: ("Shallower mini-models adapt faster but plateau lower",
+        "Table 4 / Figure 4: head after layer 2 fastest (de), lowest final score",
+        "shallow − deep: speedup difference above 0 and final-score difference below 0"),
+    5: ("Dual-head pretraining does not hurt English (MiniJoint vs BL_BASE, English test)",
+        "86.2 vs 86.4 (−0.2)",
+        "difference interval above −1 point"),
+    6: ("Distant (SOV) languages need more compute to reach the target than close ones (BL_BASE)",
+        "XNLI: tr 2.3 days vs de/es/fr 0.9 on average (2.6×)",
+        "ratio of V100-days (distant / close) above 1"),
+}
+
+
 @dataclass(frozen=True)
 class Claim:
     claim: str
@@ -98,9 +120,7 @@ def claims(res: Results, task: str, depths: Mapping[str, int] | None = None, rep
         return bootstrap(res, systems, est, reps=reps)
 
     # 1. MiniJoint: near-maximal performance with less step-2 compute
-    claim = "MiniJoint reaches 95% of BL_BASE's final score with less step-2 compute"
-    rule = "speedup interval above 1×"
-    paper = "2.3× average speedup (XNLI: 1.6 vs 2.1 V100-days)"
+    claim, paper, rule = TEXTS[1]
     if _has(res, REFERENCE, MINIJOINT):
         iv = b([REFERENCE, MINIJOINT], lambda r: system_speedup(r, MINIJOINT, task).mean)
         sp = system_speedup(res, MINIJOINT, task)
@@ -111,9 +131,7 @@ def claims(res: Results, task: str, depths: Mapping[str, int] | None = None, rep
         out.append(Claim(claim, paper, rule, "—", "not measured"))
 
     # 2. MiniPost: ~99% of BL_BASE's final score at about half its cost
-    claim = "MiniPost keeps ~99% of BL_BASE's final score at about half its step-2 cost"
-    rule = "score ratio interval above 97% and cost ratio at most 60%"
-    paper = "99.3% at 54% of the cost (29.3 vs 54.1 EFLOPs)"
+    claim, paper, rule = TEXTS[2]
     if _has(res, REFERENCE, MINIPOST):
         iv = b([REFERENCE, MINIPOST], lambda r: avg_final(r, MINIPOST, task) / avg_final(r, REFERENCE, task))
         cost = final_cost(res, MINIPOST, task) / final_cost(res, REFERENCE, task)
@@ -126,9 +144,7 @@ def claims(res: Results, task: str, depths: Mapping[str, int] | None = None, rep
         out.append(Claim(claim, paper, rule, "—", "not measured"))
 
     # 3. BL_SMALL plateaus below the others
-    claim = "BL_SMALL plateaus below the others (final score)"
-    rule = "differences BL_SMALL − MiniJoint and BL_SMALL − BL_BASE below 0"
-    paper = "XNLI: −4.0 vs MiniJoint, −5.7 vs BL_BASE"
+    claim, paper, rule = TEXTS[3]
     others = [s for s in (MINIJOINT, REFERENCE) if _has(res, s)]
     if _has(res, BL_SMALL) and others:
         parts, verdicts = [], []
@@ -142,9 +158,7 @@ def claims(res: Results, task: str, depths: Mapping[str, int] | None = None, rep
         out.append(Claim(claim, paper, rule, "—", "not measured"))
 
     # 4. Shallower mini-models adapt faster but plateau lower
-    claim = "Shallower mini-models adapt faster but plateau lower"
-    rule = "shallow − deep: speedup difference above 0 and final-score difference below 0"
-    paper = "Table 4 / Figure 4: head after layer 2 fastest (de), lowest final score"
+    claim, paper, rule = TEXTS[4]
     known = {s: d for s, d in (depths or {}).items() if _has(res, s)}
     if len(known) >= 2 and _has(res, REFERENCE):
         shallow, deep = min(known, key=known.get), max(known, key=known.get)  # type: ignore[arg-type]
@@ -159,9 +173,7 @@ def claims(res: Results, task: str, depths: Mapping[str, int] | None = None, rep
         out.append(Claim(claim, paper, rule, "— (needs two MiniJoint depths)", "not measured"))
 
     # 5. Dual-head pretraining does not hurt English
-    claim = "Dual-head pretraining does not hurt English (MiniJoint vs BL_BASE, English test)"
-    rule = "difference interval above −1 point"
-    paper = "86.2 vs 86.4 (−0.2)"
+    claim, paper, rule = TEXTS[5]
     key_mj, key_bl = (MINIJOINT, "primary", task), (REFERENCE, "primary", task)
     if key_mj in res.english_by_seed and key_bl in res.english_by_seed:
         iv = b([REFERENCE, MINIJOINT], lambda r: r.english.get(key_mj, math.nan) - r.english.get(key_bl, math.nan))
@@ -171,9 +183,7 @@ def claims(res: Results, task: str, depths: Mapping[str, int] | None = None, rep
         out.append(Claim(claim, paper, rule, "—", "not measured"))
 
     # 6. Distant languages are slower
-    claim = "Distant (SOV) languages need more compute to reach the target than close ones (BL_BASE)"
-    rule = "ratio of V100-days (distant / close) above 1"
-    paper = "XNLI: tr 2.3 days vs de/es/fr 0.9 on average (2.6×)"
+    claim, paper, rule = TEXTS[6]
     langs = res.langs(task)
     far, close = [x for x in DISTANT if x in langs], [x for x in CLOSE if x in langs]
     if _has(res, REFERENCE) and far and close:
