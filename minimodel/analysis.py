@@ -60,7 +60,25 @@ def cost_table(cfg: ExperimentConfig) -> str:
     for r in cost_rows(cfg):
         lines.append(f"| {r['step']} | {r['formula']} | {r['layers']} | {r['updates']:,} | {r['batch']:,} | "
                      f"{r['flops'] / 1e18:.4g} | {r['v100_days']:.4g} |")
-    return head + "\n".join(lines)
+    saved = multi_head_saving(cfg)
+    return head + "\n".join(lines) + (f"\n\n{saved}" if saved else "")
+
+
+def multi_head_saving(cfg: ExperimentConfig) -> str:
+    """For a model with several secondary heads: step 1 once with every head against one dedicated
+    single-head pretraining per depth (A1 + 1 head each), the way a depth sweep would otherwise run."""
+    m, d, p = cfg.model, cfg.data, cfg.pretrain.optim
+    if len(m.mini_heads) < 2:
+        return ""
+    common = dict(hidden=m.hidden, seq_len=d.seq_len, vocab=m.vocab_size, mask_prob=d.mask_prob,
+                  batch=p.global_batch, updates=p.updates)
+    one = pretrain_flops(m.layers, extra_heads=len(m.mini_heads), **common)
+    dedicated = len(m.mini_heads) * pretrain_flops(m.layers, extra_heads=1, **common)
+    return (f"Step 1 with all {len(m.mini_heads)} secondary heads (after layers {', '.join(map(str, m.mini_heads))}) "
+            f"in one pretraining: {one / 1e18:.4g} EFLOPs ({v100_days(one):.4g} V100-days), against "
+            f"{dedicated / 1e18:.4g} EFLOPs ({v100_days(dedicated):.4g} V100-days) for one dedicated single-head "
+            f"pretraining per depth: {(dedicated - one) / 1e18:.4g} EFLOPs saved "
+            f"({1 - one / dedicated:.1%} of the dedicated runs' step 1).")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -70,7 +88,8 @@ def cost_table(cfg: ExperimentConfig) -> str:
 REFERENCE = systems.REFERENCE  # BL_BASE: standard adaptation of the 12-layer model, the reference of every speedup
 SYSTEM_ORDER = systems.ORDER
 NEAR_MAX = 0.95  # near-maximal performance: 95% of BL_BASE's final score
-_SWEEP = re.compile(r"^(?P<base>.+)-n(?P<depth>\d+)$")  # depth-sweep labels: minijoint-n2, minipost-n6, ...
+# depth-sweep labels: minijoint-n2, minipost-n6 (a tag per depth), minijoint@l2 (one head of a multi-head model)
+_SWEEP = re.compile(r"^(?P<base>.+?)(?P<sep>-n|@l)(?P<depth>\d+)$")
 MISSING = "—"
 
 
@@ -562,7 +581,9 @@ def table_speedup(res: Results) -> str | None:
 
 def _depth_name(label: str) -> str:
     m = _SWEEP.match(label)
-    return f"{m['base']} N={m['depth']}" if m else label
+    if not m:
+        return label
+    return f"{m['base']} N={m['depth']}" + (" (multi-head)" if m["sep"] == "@l" else "")
 
 
 def table_depth(res: Results) -> str | None:

@@ -145,6 +145,15 @@ class StageConfig:
 
 
 @dataclass
+class PretrainConfig(StageConfig):
+    # Weight of each MLM head's loss in the pretraining loss, by head name (primary, l2, ...). {} = the mean over
+    # all heads: the paper's rule for MiniJoint's two heads, generalised; with k secondary heads the primary head
+    # then gets 1/(k+1) of the loss. When given, every head of the model needs a weight (>= 0, sum > 0); the
+    # loss is the weighted sum as written (not renormalised).
+    head_weights: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class BridgeConfig:
     depth: int = 4  # N: bottom layers copied from the primary model
     layers: int = 2  # new layers inserted between layer N and the MLM head
@@ -156,6 +165,9 @@ class BridgeConfig:
 @dataclass
 class AdaptConfig:
     init: str = "overlap"  # overlap: copy embeddings of pieces shared with the source vocabulary
+    # The MLM head whose layers step 2 trains over (MiniJoint): "" = the model's one secondary head (a model
+    # with several must name one), l{N} = the head after layer N, primary = the whole model.
+    head: str = ""
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
@@ -221,7 +233,7 @@ class ExperimentConfig:
     lang: str = ""  # target language of one `minimodel adapt` call
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    pretrain: StageConfig = field(default_factory=StageConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     bridge: BridgeConfig = field(default_factory=BridgeConfig)
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
     tasks: dict[str, TaskConfig] = field(default_factory=_paper_tasks)
@@ -405,6 +417,7 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
         fail(f"model.max_positions ({cfg.model.max_positions}) must be at least data.seq_len + 2 ({cfg.data.seq_len + 2})")
     if not 0.0 < cfg.data.mask_prob < 1.0:
         fail(f"data.mask_prob must be in (0, 1), got {cfg.data.mask_prob}")
+    _validate_head_weights(cfg, fail)
     if cfg.adapt.init not in ("overlap", "random"):
         fail(f"adapt.init must be 'overlap' or 'random', got {cfg.adapt.init!r}")
     if cfg.logging.wandb not in ("auto", "online", "offline", "disabled"):
@@ -476,6 +489,20 @@ class _Sizes:
         if isinstance(t.devices, int) and not isinstance(t.devices, bool) and (t.devices == 0 or t.devices < -1):
             self.fail(f"{prefix}.devices must be a positive number of devices, -1 (all), a list of device ids "
                       f"or auto, got {t.devices}")
+
+
+def _validate_head_weights(cfg: ExperimentConfig, fail: Any) -> None:
+    weights, heads = cfg.pretrain.head_weights, cfg.model.head_names
+    if not weights:
+        return
+    if set(weights) != set(heads):
+        fail(f"pretrain.head_weights must give a weight to each head of the model ({', '.join(heads)}), "
+             f"got {', '.join(map(str, weights)) or 'none'}")
+    for head, w in weights.items():
+        if not 0.0 <= w < math.inf:
+            fail(f"pretrain.head_weights.{head} must be a finite number >= 0, got {w}")
+    if sum(weights.values()) <= 0:
+        fail("pretrain.head_weights: at least one weight must be positive")
 
 
 def _validate_sizes(cfg: ExperimentConfig, fail: Any) -> None:
@@ -572,7 +599,8 @@ def stage_identity(stage: str) -> tuple[str, ...]:
         task = rest.split("/")[0]
         return ("source_lang", "model", *_DATA_READ, "bridge.source", *(f"finetune.{k}" for k in _FINETUNE),
                 *trainer, *(f"tasks.{task}.{k}" for k in _TASK))
-    extra = {"bridge": ("bridge.depth", "bridge.layers", "bridge.source"), "adapt": ("adapt.init", "adapt.trainer.ckpt_every", "adapt.trainer.ckpt_steps")}.get(kind, ())
+    extra = {"pretrain": ("pretrain.head_weights",), "bridge": ("bridge.depth", "bridge.layers", "bridge.source"),
+             "adapt": ("adapt.init", "adapt.head", "adapt.trainer.ckpt_every", "adapt.trainer.ckpt_steps")}.get(kind, ())
     return ("source_lang", "model", *_MLM_DATA, *(f"{kind}.optim.{k}" for k in _OPTIM), *trainer, *extra)
 
 

@@ -11,6 +11,8 @@
             finetune/{task}/seed{S}/            step 3                 (+ model.pt)
             finetune_mini/{task}/seed{S}/       step 3 of MiniJoint's mini-model alone (Table 5)
             results.jsonl                       step 4
+        {label}@{head}/                         a MiniJoint model with several heads: step 2 over one head
+            adapt/{lang}/ finetune_mini/ results.jsonl   (its pretraining and finetuned primary models are {label}'s)
     stage run: config.yaml, metrics.csv, done.json, checkpoints/{last,step{N:07d}}.ckpt, wandb/
 
     {prepared_dir}/{lang}/spm.model, shards/    `minimodel prepare` (SentencePiece)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minimodel.config import ExperimentConfig, load_config
+from minimodel.config import ConfigError, ExperimentConfig, load_config
 from minimodel.systems import external_primary, of, runs
 
 
@@ -28,7 +28,7 @@ class Step:
 class Variant:
     """One system run of the experiment (a sweep gives several)."""
 
-    label: str
+    label: str  # the system run's name in run directories and results (``systems.head_label``)
     overrides: list[str]
     cfg: ExperimentConfig = field(repr=False)
 
@@ -36,12 +36,16 @@ class Variant:
 def variants(config: str | Path, overrides: list[str]) -> list[Variant]:
     base = load_config(config, overrides)
     if not base.sweep:
-        return [Variant(base.label, list(overrides), base)]
+        return [Variant(runs(base).label, list(overrides), base)]
     out = []
     for entry in base.sweep:
         extra = [*overrides, *entry.split()]
         cfg = load_config(config, extra)
-        out.append(Variant(cfg.label, extra, cfg))
+        out.append(Variant(runs(cfg).label, extra, cfg))
+    labels = [v.label for v in out]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"{config}: two sweep entries give the same system run ({', '.join(labels)}): "
+                          "give each a tag= (or, for several heads of one MiniJoint model, an adapt.head=)")
     return out
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from minimodel.config import ConfigError, ExperimentConfig, is_hf_source
+from minimodel.config import PRIMARY, ConfigError, ExperimentConfig, is_hf_source
 from minimodel.layout import Layout, last_checkpoint
 
 
@@ -34,7 +34,7 @@ class System:
     name: str  # the value of ``system:`` in a config
     title: str  # as the paper writes it
     body: Body
-    mini_heads: int  # how many secondary MLM heads ``model.mini_heads`` must hold
+    mini_heads: int  # how many secondary MLM heads ``model.mini_heads`` must hold at least
     primary_from: str = ""  # "" = its own step 1; a system name = that system's pretraining and finetuned models
     bridge: bool = False  # has step 1b
     mini_finetune: bool = False  # its mini-model can be finetuned on its own (``body=mini``, Table 5)
@@ -75,10 +75,21 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
         fail(f"system must be one of {', '.join(REGISTRY)}, got {cfg.system!r}")
     s = of(cfg)
     heads = cfg.model.mini_heads
-    if s.mini_heads and len(heads) != s.mini_heads:
-        fail(f"system {s.name} needs exactly {s.mini_heads} secondary head(s) (model.mini_heads: [N]), got {heads}")
+    if s.mini_heads and len(heads) < s.mini_heads:
+        fail(f"system {s.name} needs at least {s.mini_heads} secondary head(s) (model.mini_heads: [N, ...]), "
+             f"got {heads}")
     if not s.mini_heads and heads:
         fail(f"model.mini_heads is only for systems with secondary heads; system {s.name} has {heads}")
+    head = cfg.adapt.head
+    if s.body is Body.HEAD:
+        if head and head not in cfg.model.head_names:
+            fail(f"adapt.head={head!r} is not a head of the model: it has {', '.join(cfg.model.head_names)}")
+        if not head and len(heads) > 1:
+            fail(f"adapt.head: the model has several secondary heads ({', '.join(cfg.model.head_names[1:])}); "
+                 f"name the one step 2 trains over (adapt.head=l{heads[0]}, or primary for the whole model)")
+    elif head not in ("", PRIMARY):
+        fail(f"adapt.head={head!r}: system {s.name} adapts over its whole model (adapt.head must be empty or "
+             f"{PRIMARY!r}); heads after lower layers are for {', '.join(n for n, x in REGISTRY.items() if x.body is Body.HEAD)}")
     if s.bridge and not 1 <= cfg.bridge.depth < cfg.model.layers:
         fail(f"bridge.depth must be in 1..{cfg.model.layers - 1}, got {cfg.bridge.depth}")
     if cfg.model.vocab_size != cfg.data.vocab_size and not source_tokenizer(cfg):
@@ -87,6 +98,8 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     if cfg.body == "mini" and not s.mini_finetune:
         fail(f"body=mini (finetuning the mini-model on its own) is for "
              f"{', '.join(n for n, x in REGISTRY.items() if x.mini_finetune)}")
+    if cfg.body == "mini" and head == PRIMARY:
+        fail("body=mini finetunes the mini-model of a secondary head; adapt.head=primary names the whole model")
 
 
 def external_primary(cfg: ExperimentConfig) -> bool:
@@ -103,11 +116,19 @@ def source_tokenizer(cfg: ExperimentConfig) -> str:
     return ""
 
 
+def adapt_head(cfg: ExperimentConfig) -> str:
+    """The MLM head whose layers step 2 trains over: ``adapt.head``, else the model's one secondary head
+    (``Body.HEAD``), else the primary head."""
+    if of(cfg).body is not Body.HEAD:
+        return PRIMARY
+    return cfg.adapt.head or f"l{cfg.model.mini_heads[0]}"
+
+
 def adapt_depth(cfg: ExperimentConfig) -> int:
     """Layers of the step-2 body: N for a head, N + bridge layers for a bridge, else the whole model."""
     body = of(cfg).body
     if body is Body.HEAD:
-        return cfg.model.mini_heads[0]
+        return cfg.model.head_depth(adapt_head(cfg))
     if body is Body.BRIDGE:
         return cfg.bridge.depth + cfg.bridge.layers
     return cfg.model.layers
@@ -115,7 +136,18 @@ def adapt_depth(cfg: ExperimentConfig) -> int:
 
 def mini_head(cfg: ExperimentConfig) -> str:
     """The MLM head of the mini-model (a ``Body.HEAD`` system)."""
-    return f"l{adapt_depth(cfg)}"
+    return adapt_head(cfg)
+
+
+def head_label(cfg: ExperimentConfig) -> str:
+    """The name of this system's adaptation runs and results: ``cfg.label``, or ``{label}@{head}`` when step 2 runs
+    over a head other than the default (a model with several secondary heads, or ``adapt.head=primary`` on a
+    MiniJoint model). Pretraining and the finetuned primary models stay under ``cfg.label``, shared by every head."""
+    if of(cfg).body is not Body.HEAD:
+        return cfg.label
+    if len(cfg.model.mini_heads) > 1 or adapt_head(cfg) == PRIMARY:
+        return f"{cfg.label}@{adapt_head(cfg)}"
+    return cfg.label
 
 
 @dataclass(frozen=True)
@@ -123,7 +155,7 @@ class Runs:
     """Where one system's steps read and write, shared runs resolved."""
 
     layout: Layout
-    label: str  # this system's own directory
+    label: str  # this system's own directory (adaptation, results; ``head_label``)
     pretrain: Path | None  # the step-1 run that produces the primary model (maybe another system's); None: external
     primary: str  # the primary model: a training checkpoint, or ``bridge.source`` (file or Hugging Face model)
     body: Path  # the run whose finished checkpoint is the step-2 body (step 1 or step 1b)
@@ -157,4 +189,4 @@ def runs(cfg: ExperimentConfig) -> Runs:
         primary = str(last_checkpoint(pretrain))
     body = layout.bridge(cfg.label) if s.body is Body.BRIDGE else pretrain
     assert body is not None
-    return Runs(layout, cfg.label, pretrain, primary, body, owner)
+    return Runs(layout, head_label(cfg), pretrain, primary, body, owner)

@@ -43,7 +43,7 @@ def english_rows(cfg: ExperimentConfig, task: str, seed: int, body: str) -> list
     info = read_done(runs(cfg).finetune(task, seed, body))
     if info is None:
         return []
-    base = {"system": cfg.label, "body": body, "task": task, "lang": cfg.source_lang, "seed": seed, "step": -1,
+    base = {"system": runs(cfg).label, "body": body, "task": task, "lang": cfg.source_lang, "seed": seed, "step": -1,
             "flops": 0.0, "v100_days": 0.0}
     return [{**base, "split": split, "metric": metric, "value": value}
             for split, scores in info["english"].items() for metric, value in scores.items()]
@@ -74,7 +74,7 @@ def task_of(cfg: ExperimentConfig, task: str, finetuned: Finetuned, where: Path)
 def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
     """Every missing result row of the system, holding the lock of its results (one writer)."""
     r = runs(cfg)
-    with exclusive(r.results.parent, f"evaluation of {cfg.label}"):
+    with exclusive(r.results.parent, f"evaluation of {r.label}"):
         return _evaluate(cfg, r, progress)
 
 
@@ -99,8 +99,8 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool) -> Path:
     english = [row for task in tasks for seed in seeds for body in bodies
                for row in english_rows(cfg, task, seed, body) if tuple(row[k] for k in KEY) not in done]
     table.append(english)
-    todo = [p for p in plan if (cfg.label, "primary", p[0], p[2], p[1], checkpoint_step(p[3])) not in done]
-    log.info(f"evaluate {cfg.label}: {len(plan)} (task, seed, language, checkpoint) evaluations, "
+    todo = [p for p in plan if (r.label, "primary", p[0], p[2], p[1], checkpoint_step(p[3])) not in done]
+    log.info(f"evaluate {r.label}: {len(plan)} (task, seed, language, checkpoint) evaluations, "
              f"{len(plan) - len(todo)} already in {table.path}")
     started = time.perf_counter()
     bar = tqdm(total=len(todo), desc="evaluate", disable=not progress, dynamic_ncols=True, mininterval=0.5)
@@ -126,7 +126,7 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool) -> Path:
         plug_embeddings(body, adapted, tok.sha256, tok.vocab_size)
         body.to(device)
         scores = evaluate(data, body, head, records, features, lang, cfg.finetune.eval_batch, device)
-        base = {"system": cfg.label, "body": "primary", "task": task, "lang": lang, "seed": seed,
+        base = {"system": r.label, "body": "primary", "task": task, "lang": lang, "seed": seed,
                 "step": int(adapted.step), "flops": float(adapted.flops), "v100_days": float(adapted.v100_days),
                 "split": "test"}
         table.append({**base, "metric": m, "value": v} for m, v in scores.items())

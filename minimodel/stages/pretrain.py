@@ -1,5 +1,6 @@
-"""Step 1: MLM pretraining of the primary model, every parameter trained on the mean MLM loss of its
-heads (one head for BL_BASE / BL_SMALL, the primary and the secondary head for MiniJoint)."""
+"""Step 1: MLM pretraining of the primary model, every parameter trained on the MLM loss of its heads (one
+head for BL_BASE / BL_SMALL; for MiniJoint the primary and every secondary head, by default their mean,
+``pretrain.head_weights`` otherwise)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def run_pretrain(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResul
                                cfg.data.mask_prob, p.global_batch, 1, extra_heads=len(cfg.model.mini_heads))
         meta = TrainingMeta(stage="pretrain", system=cfg.system, lang=cfg.source_lang, model_config=asdict(cfg.model),
                             tokenizer={"path": str(tok.path), "sha256": tok.sha256})
-        return Training(MLMModule(model, p, meta, flops), mlm_datamodule(cfg, cfg.source_lang, p, t.seed, tok), p, t,
+        module = MLMModule(model, p, meta, flops, weights=cfg.pretrain.head_weights or None)
+        return Training(module, mlm_datamodule(cfg, cfg.source_lang, p, t.seed, tok), p, t,
                         flops_per_update=flops, tokens_per_update=p.global_batch * cfg.data.seq_len)
 
     return Runner(cfg, Stage("pretrain", run_dir, t.seed), lambda: load_source_tokenizer(cfg), build).run(progress_bar)

@@ -7,7 +7,7 @@ they wrap this module and do not subclass it."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import lightning as L
@@ -55,17 +55,29 @@ class MLMValidation(nn.Module):
             self.loss[h].reset()
 
 
+def head_weights(heads: list[str], weights: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The weight of each head's loss: ``weights`` as given, or the mean over all heads (1/len(heads) each)."""
+    if not weights:
+        return {h: 1.0 / len(heads) for h in heads}
+    missing = [h for h in heads if h not in weights]
+    if missing or len(weights) != len(heads):
+        raise ValueError(f"head weights {dict(weights)} do not match the model's heads {heads}")
+    return {h: float(weights[h]) for h in heads}
+
+
 class MLMModule(L.LightningModule):
-    """Trains the parameters of ``model`` that require a gradient on the mean MLM loss of its heads.
+    """Trains the parameters of ``model`` that require a gradient on the weighted sum of the MLM losses of its
+    heads (``weights``: head -> weight; default the mean over the heads).
 
     ``trainable(name)``, when given, is what must train: fitting refuses to start otherwise."""
 
     def __init__(self, model: RobertaMLM, optim: OptimConfig, meta: TrainingMeta, flops_per_update: float,
-                 trainable: Callable[[str], bool] | None = None) -> None:
+                 trainable: Callable[[str], bool] | None = None, weights: Mapping[str, float] | None = None) -> None:
         super().__init__()
         self.model, self.optim_cfg, self.meta = model, optim, meta
         self.flops_per_update = flops_per_update
         self.trainable = trainable
+        self.weights = head_weights(model.cfg.head_names, weights)
         self.val = MLMValidation(model.cfg.head_names)
 
     def on_fit_start(self) -> None:
@@ -75,10 +87,15 @@ class MLMModule(L.LightningModule):
             if p.requires_grad != self.trainable(name):
                 raise RuntimeError(f"{self.meta.stage}: {name} should {'' if self.trainable(name) else 'not '}train")
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        """Mean of the MLM losses of all the model's heads; logs each head's loss and the lr."""
+    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The training loss (the weighted sum over heads) and each head's loss."""
         losses = self.model.mlm_losses(batch["input_ids"], batch["labels"])
-        loss = torch.stack(list(losses.values())).mean()
+        loss = sum((self.weights[h] * v for h, v in losses.items()), torch.zeros((), device=batch["input_ids"].device))
+        return loss, losses
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """The weighted MLM loss of all the model's heads; logs each head's loss and the lr."""
+        loss, losses = self.loss(batch)
         check_finite(loss, self.global_step)
         heads = list(losses)
         logs = {f"train/{head_metric(h, heads)}": v.detach() for h, v in losses.items()}
