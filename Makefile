@@ -1,7 +1,7 @@
 # minimodel: `make demo` runs all four systems on the bundled demo data, `make test` runs the tests.
 # Both create .venv and install what they need (a pinned torch first, then the package).
 #
-# Experiments: make study (the evidence, docs/results.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | small
+# Experiments: make study (the evidence, docs/results.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
 # Each runs every step in order (prepare, pretrain, bridge, adapt per language, finetune per task and
 # seed, evaluate, report), skips finished steps and resumes unfinished ones. Overrides:
 #   make minijoint LANGS=de,tr TASKS=xnli SEEDS=2 ARGS="pretrain.optim.micro_batch=16"
@@ -26,7 +26,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-fast lint demo study bl_base bl_small minijoint minipost depth_sweep small report submit bench flops
+.PHONY: help setup test test-fast lint demo study bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small report submit bench flops
 
 help:
 	@sed -n '1,10p' Makefile
@@ -52,7 +52,7 @@ lint: setup
 demo: setup
 	$(MM) run experiments/demo.yaml $(OVERRIDES)
 
-study bl_base bl_small minijoint minipost depth_sweep small: setup
+study bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small: setup
 	$(MM) run experiments/$@.yaml $(OVERRIDES)
 
 report: setup
