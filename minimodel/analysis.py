@@ -38,8 +38,13 @@ def cost_rows(cfg: ExperimentConfig) -> list[dict]:
                      "updates": b.optim.updates, "batch": b.optim.global_batch,
                      "flops": bridge_flops(layers, batch=b.optim.global_batch, updates=b.optim.updates,
                                            trainable_layers=b.layers, **common)})
-    a, depth = cfg.adapt.optim, systems.adapt_depth(cfg)
-    per_lang = adapt_flops(depth, batch=a.global_batch, updates=a.updates, **common)
+    a, phases = cfg.adapt.optim, systems.adapt_phases(cfg)
+    for p in phases if len(phases) > 1 else []:  # progressive adaptation: each phase at its own depth
+        rows.append({"step": f"2 adapt phase {p.head} (per language)", "formula": systems.FORMULAS["adapt"],
+                     "layers": p.depth, "updates": p.end - p.start, "batch": a.global_batch,
+                     "flops": adapt_flops(p.depth, batch=a.global_batch, updates=p.end - p.start, **common)})
+    per_lang = sum(adapt_flops(p.depth, batch=a.global_batch, updates=p.end - p.start, **common) for p in phases)
+    depth: int | str = phases[0].depth if len(phases) == 1 else "/".join(str(p.depth) for p in phases)
     rows.append({"step": "2 adapt (per language)", "formula": systems.FORMULAS["adapt"], "layers": depth,
                  "updates": a.updates, "batch": a.global_batch, "flops": per_lang})
     n = len(cfg.target_langs)

@@ -240,6 +240,7 @@ class Adaptation(Payload):
     body_layers: int = 0
     primary: str = ""  # the primary model the embeddings are meant for
     overlapping_pieces: int = 0
+    phase: str = ""  # progressive adaptation: the head of the phase the last update (``step``) belonged to
 
 
 @dataclass

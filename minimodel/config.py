@@ -163,11 +163,23 @@ class BridgeConfig:
 
 
 @dataclass
+class PhaseConfig:
+    """One phase of progressive adaptation: step 2 over ``head`` until ``until`` (a fraction of
+    ``adapt.optim.updates`` when <= 1, else an update count; 0 on the last phase = to the end)."""
+
+    head: str = ""
+    until: float = 0.0
+
+
+@dataclass
 class AdaptConfig:
     init: str = "overlap"  # overlap: copy embeddings of pieces shared with the source vocabulary
     # The MLM head whose layers step 2 trains over (MiniJoint): "" = the model's one secondary head (a model
     # with several must name one), l{N} = the head after layer N, primary = the whole model.
     head: str = ""
+    # Progressive adaptation (MiniJoint): phases over ever deeper heads, e.g. [{head: l2, until: 0.25},
+    # {head: l4, until: 0.6}, {head: primary}]; the embeddings, output bias and their optimiser state carry over.
+    schedule: list[PhaseConfig] = field(default_factory=list)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
@@ -600,7 +612,8 @@ def stage_identity(stage: str) -> tuple[str, ...]:
         return ("source_lang", "model", *_DATA_READ, "bridge.source", *(f"finetune.{k}" for k in _FINETUNE),
                 *trainer, *(f"tasks.{task}.{k}" for k in _TASK))
     extra = {"pretrain": ("pretrain.head_weights",), "bridge": ("bridge.depth", "bridge.layers", "bridge.source"),
-             "adapt": ("adapt.init", "adapt.head", "adapt.trainer.ckpt_every", "adapt.trainer.ckpt_steps")}.get(kind, ())
+             "adapt": ("adapt.init", "adapt.head", "adapt.schedule", "adapt.trainer.ckpt_every",
+                       "adapt.trainer.ckpt_steps")}.get(kind, ())
     return ("source_lang", "model", *_MLM_DATA, *(f"{kind}.optim.{k}" for k in _OPTIM), *trainer, *extra)
 
 

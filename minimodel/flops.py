@@ -61,3 +61,30 @@ def bridge_flops(layers: int, hidden: int, seq_len: int, vocab: int, mask_prob: 
 
 def v100_days(flops: float) -> float:
     return flops / V100_DAY
+
+
+class FlopSchedule:
+    """Cumulative FLOPs of a run whose cost per update changes at given updates (progressive adaptation):
+    ``segments`` = ((first update, end update, FLOPs per update), ...), contiguous from 0; the last rate
+    continues past its end."""
+
+    def __init__(self, segments: list[tuple[int, int, float]]) -> None:
+        if not segments or segments[0][0] != 0 or any(a[1] != b[0] for a, b in zip(segments, segments[1:])):
+            raise ValueError(f"segments must be contiguous from update 0, got {segments}")
+        self.segments = [(int(s), int(e), float(f)) for s, e, f in segments]
+
+    @classmethod
+    def constant(cls, per_update: float) -> FlopSchedule:
+        return cls([(0, 1, per_update)])
+
+    def at(self, step: int) -> float:
+        """FLOPs of the first ``step`` updates: the sum over the segments they cross."""
+        total = 0.0
+        for i, (start, end, rate) in enumerate(self.segments):
+            stop = step if i == len(self.segments) - 1 else min(step, end)
+            total += max(0, stop - start) * rate
+        return total
+
+    def rate(self, step: int) -> float:
+        """FLOPs of update ``step + 1`` (the one made after ``step`` updates)."""
+        return next((f for _, e, f in self.segments if step < e), self.segments[-1][2])

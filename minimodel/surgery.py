@@ -80,6 +80,32 @@ def extract_mini(model: RobertaMLM, depth: int, head: str | None = None) -> Robe
     return mini
 
 
+def staged_body(model: RobertaMLM, heads: Sequence[str]) -> tuple[RobertaMLM, dict[str, str]]:
+    """The body of progressive adaptation: embeddings + layers 1..D (D: the deepest of ``heads``) with the
+    heads in ``heads`` (the deepest as its primary head, the others under their names). Weights are copied.
+    Returns the body and, for each head of ``model`` in ``heads``, its name in the body."""
+    depths = {h: model.cfg.head_depth(h) for h in heads}
+    deepest = max(depths, key=depths.get)  # type: ignore[arg-type]
+    others = sorted(d for h, d in depths.items() if h != deepest)
+    body = RobertaMLM(replace(model.cfg, layers=depths[deepest], mini_heads=others))
+    _copy_into(body.embeddings, model.embeddings)
+    for i in range(depths[deepest]):
+        _copy_into(body.layers[i], model.layers[i])
+    names = {h: PRIMARY if h == deepest else f"l{d}" for h, d in depths.items()}
+    for h, name in names.items():
+        _copy_into(body.heads[name], model.heads[h])
+    body.tie_weights()
+    return body, names
+
+
+def tie_biases(model: RobertaMLM) -> None:
+    """Every MLM head's output bias becomes the primary head's (one parameter, as the projections share the
+    embeddings): progressive adaptation trains one output bias across its phases."""
+    for name, head in model.heads.items():
+        if name != PRIMARY:
+            head.bias = model.heads[PRIMARY].bias
+
+
 def build_minipost(model: RobertaMLM, depth: int, bridge_layers: int, seed: int = 0) -> RobertaMLM:
     """MiniPost (step 1b): embeddings + layers 1..depth + the primary MLM head of ``model``, with
     ``bridge_layers`` newly initialised layers inserted between them. Only the new layers train."""

@@ -10,6 +10,7 @@ code only for what is really new (a new ``Body`` kind needs a loader in ``stages
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -81,7 +82,9 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     if not s.mini_heads and heads:
         fail(f"model.mini_heads is only for systems with secondary heads; system {s.name} has {heads}")
     head = cfg.adapt.head
-    if s.body is Body.HEAD:
+    if cfg.adapt.schedule:
+        _validate_schedule(cfg, s, fail)
+    if s.body is Body.HEAD and not cfg.adapt.schedule:
         if head and head not in cfg.model.head_names:
             fail(f"adapt.head={head!r} is not a head of the model: it has {', '.join(cfg.model.head_names)}")
         if not head and len(heads) > 1:
@@ -102,6 +105,62 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
         fail("body=mini finetunes the mini-model of a secondary head; adapt.head=primary names the whole model")
 
 
+def _validate_schedule(cfg: ExperimentConfig, s: System, fail: Callable[[str], None]) -> None:
+    heads_of = [n for n, x in REGISTRY.items() if x.body is Body.HEAD]
+    if s.body is not Body.HEAD:
+        fail(f"adapt.schedule (progressive adaptation over several heads) is for {', '.join(heads_of)}; "
+             f"system {s.name} has no secondary heads")
+    if cfg.adapt.head:
+        fail("set adapt.head or adapt.schedule, not both (the schedule names the head of each phase)")
+    updates, ends, last_depth = cfg.adapt.optim.updates, [], 0
+    for i, phase in enumerate(cfg.adapt.schedule):
+        where = f"adapt.schedule[{i}]"
+        if phase.head not in cfg.model.head_names:
+            fail(f"{where}.head={phase.head!r} is not a head of the model: it has {', '.join(cfg.model.head_names)}")
+        depth = cfg.model.head_depth(phase.head)
+        if depth <= last_depth:
+            fail(f"{where}.head={phase.head}: each phase must run over a deeper head than the one before")
+        last_depth = depth
+        last = i == len(cfg.adapt.schedule) - 1
+        if phase.until == 0 and last:
+            ends.append(updates)
+            continue
+        if phase.until <= 0 or (phase.until > 1 and phase.until != int(phase.until)):
+            fail(f"{where}.until={phase.until}: a fraction of adapt.optim.updates in (0, 1] or a whole number of "
+                 f"updates (0 only on the last phase: to the end)")
+        ends.append(round(phase.until * updates) if phase.until <= 1 else int(phase.until))
+        if not (ends[-2] if len(ends) > 1 else 0) < ends[-1] <= updates:
+            fail(f"{where}.until={phase.until} ends at update {ends[-1]}: phases must end after the previous one "
+                 f"and at most at adapt.optim.updates ({updates})")
+    if ends[-1] != updates:
+        fail(f"adapt.schedule ends at update {ends[-1]}, before adapt.optim.updates ({updates}): the last phase "
+             f"needs until: 0 (to the end)")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of step 2: over ``head`` (``depth`` layers) from update ``start`` to ``end``."""
+
+    head: str
+    depth: int
+    start: int
+    end: int
+
+
+def adapt_phases(cfg: ExperimentConfig) -> list[Phase]:
+    """Step 2's phases: those of ``adapt.schedule`` (progressive adaptation), else one over ``adapt_head``."""
+    updates = cfg.adapt.optim.updates
+    if not cfg.adapt.schedule:
+        return [Phase(adapt_head(cfg), adapt_depth(cfg), 0, updates)]
+    out, start = [], 0
+    for i, p in enumerate(cfg.adapt.schedule):
+        last = i == len(cfg.adapt.schedule) - 1
+        end = updates if last else (round(p.until * updates) if p.until <= 1 else int(p.until))
+        out.append(Phase(p.head, cfg.model.head_depth(p.head), start, end))
+        start = end
+    return out
+
+
 def external_primary(cfg: ExperimentConfig) -> bool:
     """The primary model is a file or a public model named by ``bridge.source``, not a run of this experiment."""
     return of(cfg).bridge and bool(cfg.bridge.source)
@@ -118,9 +177,11 @@ def source_tokenizer(cfg: ExperimentConfig) -> str:
 
 def adapt_head(cfg: ExperimentConfig) -> str:
     """The MLM head whose layers step 2 trains over: ``adapt.head``, else the model's one secondary head
-    (``Body.HEAD``), else the primary head."""
+    (``Body.HEAD``), else the primary head. With ``adapt.schedule``: the deepest phase's head."""
     if of(cfg).body is not Body.HEAD:
         return PRIMARY
+    if cfg.adapt.schedule:
+        return cfg.adapt.schedule[-1].head
     return cfg.adapt.head or f"l{cfg.model.mini_heads[0]}"
 
 
@@ -142,9 +203,12 @@ def mini_head(cfg: ExperimentConfig) -> str:
 def head_label(cfg: ExperimentConfig) -> str:
     """The name of this system's adaptation runs and results: ``cfg.label``, or ``{label}@{head}`` when step 2 runs
     over a head other than the default (a model with several secondary heads, or ``adapt.head=primary`` on a
-    MiniJoint model). Pretraining and the finetuned primary models stay under ``cfg.label``, shared by every head."""
+    MiniJoint model), ``{label}@progressive`` with ``adapt.schedule``. Pretraining and the finetuned primary models
+    stay under ``cfg.label``, shared by every head."""
     if of(cfg).body is not Body.HEAD:
         return cfg.label
+    if cfg.adapt.schedule:
+        return f"{cfg.label}@progressive"
     if len(cfg.model.mini_heads) > 1 or adapt_head(cfg) == PRIMARY:
         return f"{cfg.label}@{adapt_head(cfg)}"
     return cfg.label

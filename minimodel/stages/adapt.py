@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -23,7 +23,7 @@ from minimodel.config import PRIMARY, ConfigError, ExperimentConfig
 from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_prepared_tokenizer, load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
-from minimodel.flops import adapt_flops, v100_days
+from minimodel.flops import FlopSchedule, adapt_flops, v100_days
 from minimodel.layout import ADAPT_INFO, adaptation_checkpoint, adaptation_checkpoints, is_done, last_checkpoint
 from minimodel.log import get_logger, process_rank
 from minimodel.model import RobertaMLM
@@ -34,9 +34,11 @@ from minimodel.surgery import (
     freeze_all_but,
     overlap_init,
     primary_only,
+    staged_body,
     swap_embeddings,
+    tie_biases,
 )
-from minimodel.systems import Body, adapt_depth, mini_head, of, runs
+from minimodel.systems import Body, Phase, adapt_depth, adapt_phases, mini_head, of, runs
 from minimodel.training.mlm import MLMModule
 from minimodel.training.runner import Runner, Stage, StageResult, Training
 
@@ -51,18 +53,38 @@ BODIES: dict[Body, Callable[[RobertaMLM, ExperimentConfig], RobertaMLM]] = {
 
 
 def adaptation_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str, TrainingMeta]:
-    """The frozen body that step 2 trains embeddings over, the checkpoint it came from and its metadata."""
+    """The frozen body that step 2 trains embeddings over, the checkpoint it came from and its metadata.
+    With ``adapt.schedule`` (progressive adaptation): the layers up to the deepest phase's head with every
+    phase's head, their output biases tied into one."""
     r, kind = runs(cfg), of(cfg).body
     if not is_done(r.body):
         step = "`minimodel bridge`" if kind is Body.BRIDGE else "`minimodel pretrain`"
         raise CheckpointError(f"adaptation needs a finished {r.body.name} run: {r.body} is not complete (run {step} first)")
     source = last_checkpoint(r.body)
     model, meta = load_trained_model(source)
+    if cfg.adapt.schedule:
+        body, _ = staged_body(model, [p.head for p in adapt_phases(cfg)])
+        return body, str(source), meta
     return BODIES[kind](model, cfg), str(source), meta
 
 
+def phase_heads(cfg: ExperimentConfig) -> list[tuple[Phase, str]]:
+    """Each phase of step 2 with the name of its head in the adaptation body (``staged_body``; one phase over
+    the body's primary head without a schedule)."""
+    phases = adapt_phases(cfg)
+    if not cfg.adapt.schedule:
+        return [(phases[0], PRIMARY)]
+    deepest = max(phases, key=lambda p: p.depth)
+    return [(p, PRIMARY if p is deepest else f"l{p.depth}") for p in phases]
+
+
+def phase_at(phases: list[tuple[Phase, str]], step: int) -> tuple[Phase, str]:
+    """The phase of the update made after ``step`` updates (the last phase from its start on)."""
+    return next(((p, h) for p, h in phases if step < p.end), phases[-1])
+
+
 def init_target_embeddings(body: RobertaMLM, source_tok: AnyTokenizer, target_tok: AnyTokenizer,
-                           seed: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+                           seed: int, head: str = PRIMARY) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Overlap initialisation (paper, footnote 1) of embeddings and output bias; returns the overlap count.
 
     Pieces are compared in SentencePiece spelling, so a byte-level BPE source vocabulary (RoBERTa's
@@ -72,7 +94,7 @@ def init_target_embeddings(body: RobertaMLM, source_tok: AnyTokenizer, target_to
     weight, rows = overlap_init(body.embeddings.tokens.weight, src_pieces, trg_pieces, body.cfg.init_std, gen)
     copied = rows >= 0
     bias = torch.zeros(target_tok.vocab_size)
-    bias[copied] = body.heads[PRIMARY].bias.detach()[rows[copied]].to(bias.dtype)
+    bias[copied] = body.heads[head].bias.detach()[rows[copied]].to(bias.dtype)
     return weight, bias, int(copied.sum())
 
 
@@ -99,28 +121,34 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
 
     def build(x: Inputs) -> Training:
         body, vocab = x.body, x.target_tok.vocab_size
-        if a.init == "overlap":
-            weight, bias, overlap = init_target_embeddings(body, x.source_tok, x.target_tok, a.trainer.seed)
+        phases = phase_heads(cfg)
+        if a.init == "overlap":  # the output bias from the first phase's head
+            weight, bias, overlap = init_target_embeddings(body, x.source_tok, x.target_tok, a.trainer.seed,
+                                                           phases[0][1])
         else:
             gen = torch.Generator().manual_seed(a.trainer.seed)
             weight = torch.randn(vocab, body.cfg.hidden, generator=gen) * body.cfg.init_std
             bias, overlap = torch.zeros(vocab), 0
         swap_embeddings(body, weight, bias)
+        tie_biases(body)
         n_train = freeze_all_but(body, adaptation_trainable)
         if process_rank() == 0:
             info = {"lang": cfg.lang, "target_vocab": vocab, "overlapping_pieces": overlap,
                     "trainable_parameters": n_train, "body_layers": body.cfg.layers, "body": x.body_source}
             (run_dir / ADAPT_INFO).write_text(json.dumps(info, indent=1))
+        shape = " then ".join(f"{p.head} ({p.depth} layers, updates {p.start}-{p.end})" for p, _ in phases)
         log.info(f"adapt {cfg.system} to {cfg.lang}: {overlap:,} of {vocab:,} pieces overlap with {cfg.source_lang}; "
-                 f"{body.cfg.layers}-layer body; {n_train:,} trainable parameters")
-        flops = adapt_flops(body.cfg.layers, body.cfg.hidden, cfg.data.seq_len, vocab, cfg.data.mask_prob,
-                            a.optim.global_batch, 1)
+                 f"{shape if cfg.adapt.schedule else f'{body.cfg.layers}-layer body'}; {n_train:,} trainable parameters")
+        flops = FlopSchedule([(p.start, p.end, adapt_flops(p.depth, body.cfg.hidden, cfg.data.seq_len, vocab,
+                                                            cfg.data.mask_prob, a.optim.global_batch, 1))
+                              for p, _ in phases])
         tokenizer = {"path": str(x.target_tok.path), "sha256": x.target_tok.sha256, "vocab_size": vocab}
         meta = TrainingMeta(stage="adapt", system=cfg.system, lang=cfg.lang, model_config=asdict(body.cfg),
                             tokenizer=tokenizer,
                             extra={"body_layers": body.cfg.layers, "body": x.body_source, "primary": r.primary,
                                    "overlapping_pieces": overlap})
-        module = MLMModule(body, a.optim, meta, flops, trainable=adaptation_trainable)
+        staged = (lambda step: phase_at(phases, step)[1]) if cfg.adapt.schedule else None
+        module = MLMModule(body, a.optim, meta, flops, trainable=adaptation_trainable, phase_head=staged)
 
         def export(step: int) -> Path:
             """The adaptation checkpoint of ``step``, written atomically."""
@@ -128,7 +156,8 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
             payload = Adaptation(system=cfg.system, lang=cfg.lang, **adaptation_state(module.model),
                                  tokenizer=tokenizer, step=step, flops=spent, v100_days=v100_days(spent),
                                  body=x.body_source, body_layers=body.cfg.layers, primary=r.primary,
-                                 overlapping_pieces=overlap)
+                                 overlapping_pieces=overlap,
+                                 phase=phase_at(phases, max(step - 1, 0))[0].head if cfg.adapt.schedule else "")
             path = adaptation_checkpoint(run_dir, step)
             atomic_torch_save(payload.to_dict(), path)
             return path
@@ -136,8 +165,10 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         def finish(_: object) -> dict:
             return {"embeddings": [p.name for p in adaptation_checkpoints(run_dir)]}
 
+        # progressive: an adaptation checkpoint at the end of every phase but the last
+        ends = sorted({*a.trainer.ckpt_steps, *(p.end for p, _ in phases[:-1])})
         return Training(module, mlm_datamodule(cfg, cfg.lang, a.optim, a.trainer.seed, x.target_tok), a.optim,
-                        a.trainer, flops_per_update=flops, tokens_per_update=a.optim.global_batch * cfg.data.seq_len,
+                        replace(a.trainer, ckpt_steps=ends), flops_per_update=flops, tokens_per_update=a.optim.global_batch * cfg.data.seq_len,
                         keep_steps=False, export=export, finish=finish)
 
     return Runner(cfg, Stage(f"adapt/{cfg.lang}", run_dir, a.trainer.seed), prepare, build).run(progress_bar)

@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from minimodel.checkpoints import link_or_copy, rng_state, set_rng_state
-from minimodel.flops import v100_days
+from minimodel.flops import FlopSchedule, v100_days
 from minimodel.layout import LAST
 from minimodel.log import get_logger
 
@@ -118,9 +118,10 @@ class ScheduledCheckpoints(Callback):
 class StageProgress(Callback):
     """Logs, at each update boundary: cumulative FLOPs and V100-days, tokens seen and throughput."""
 
-    def __init__(self, flops_per_update: float, tokens_per_update: int, flops_offset: float = 0.0,
+    def __init__(self, flops: float | FlopSchedule, tokens_per_update: int, flops_offset: float = 0.0,
                  log_every: int = 10) -> None:
-        self.flops_per_update, self.tokens_per_update = flops_per_update, tokens_per_update
+        self.flops = flops if isinstance(flops, FlopSchedule) else FlopSchedule.constant(flops)
+        self.tokens_per_update = tokens_per_update
         self.flops_offset, self.log_every = flops_offset, log_every
         self.last_step, self.t0, self.step0 = -1, 0.0, 0
 
@@ -136,7 +137,7 @@ class StageProgress(Callback):
         if step % self.log_every and step != trainer.max_steps:
             return
         now = time.perf_counter()
-        flops = self.flops_offset + step * self.flops_per_update
+        flops = self.flops_offset + self.flops.at(step)
         metrics = {
             "flops/cumulative": flops,
             "flops/v100_days": v100_days(flops),
@@ -146,7 +147,7 @@ class StageProgress(Callback):
         if step > self.step0 and now > self.t0:
             rate = (step - self.step0) * self.tokens_per_update / (now - self.t0)
             metrics["perf/tokens_per_sec"] = rate
-            metrics["perf/flops_per_sec"] = rate * self.flops_per_update / self.tokens_per_update
+            metrics["perf/flops_per_sec"] = rate * self.flops.rate(step - 1) / self.tokens_per_update
         self.t0, self.step0 = now, step
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
 

@@ -17,6 +17,7 @@ from torchmetrics import MeanMetric
 
 from minimodel.checkpoints import TrainingMeta
 from minimodel.config import OptimConfig
+from minimodel.flops import FlopSchedule
 from minimodel.model import IGNORE_INDEX, PRIMARY, RobertaMLM
 from minimodel.training.optim import check_finite, lightning_optim
 
@@ -71,13 +72,17 @@ class MLMModule(L.LightningModule):
 
     ``trainable(name)``, when given, is what must train: fitting refuses to start otherwise."""
 
-    def __init__(self, model: RobertaMLM, optim: OptimConfig, meta: TrainingMeta, flops_per_update: float,
-                 trainable: Callable[[str], bool] | None = None, weights: Mapping[str, float] | None = None) -> None:
+    def __init__(self, model: RobertaMLM, optim: OptimConfig, meta: TrainingMeta, flops: float | FlopSchedule,
+                 trainable: Callable[[str], bool] | None = None, weights: Mapping[str, float] | None = None,
+                 phase_head: Callable[[int], str] | None = None) -> None:
+        """``flops``: per update, or a ``FlopSchedule``; ``phase_head(step)``, when given, is the one head whose
+        loss trains the update after ``step`` updates (progressive adaptation) instead of the weighted sum."""
         super().__init__()
         self.model, self.optim_cfg, self.meta = model, optim, meta
-        self.flops_per_update = flops_per_update
+        self.flops = flops if isinstance(flops, FlopSchedule) else FlopSchedule.constant(flops)
         self.trainable = trainable
         self.weights = head_weights(model.cfg.head_names, weights)
+        self.phase_head = phase_head
         self.val = MLMValidation(model.cfg.head_names)
 
     def on_fit_start(self) -> None:
@@ -88,17 +93,25 @@ class MLMModule(L.LightningModule):
                 raise RuntimeError(f"{self.meta.stage}: {name} should {'' if self.trainable(name) else 'not '}train")
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The training loss (the weighted sum over heads) and each head's loss."""
+        """The training loss (the weighted sum over heads, or the phase's head) and each head's loss."""
+        if self.phase_head is not None:
+            head = self.phase_head(self.global_step)
+            losses = self.model.mlm_losses(batch["input_ids"], batch["labels"], [head])
+            return losses[head], losses
         losses = self.model.mlm_losses(batch["input_ids"], batch["labels"])
         loss = sum((self.weights[h] * v for h, v in losses.items()), torch.zeros((), device=batch["input_ids"].device))
         return loss, losses
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        """The weighted MLM loss of all the model's heads; logs each head's loss and the lr."""
+        """The weighted MLM loss of all the model's heads (or the phase's head); logs each head's loss and the lr.
+        A phased run logs its loss as ``train/loss`` whatever the phase's head."""
         loss, losses = self.loss(batch)
         check_finite(loss, self.global_step)
         heads = list(losses)
-        logs = {f"train/{head_metric(h, heads)}": v.detach() for h, v in losses.items()}
+        if self.phase_head is not None:
+            logs = {"train/loss": loss.detach()}
+        else:
+            logs = {f"train/{head_metric(h, heads)}": v.detach() for h, v in losses.items()}
         if len(losses) > 1:
             logs["train/loss_total"] = loss.detach()
         self.log_dict(logs, prog_bar=True, on_step=True, on_epoch=False)
@@ -115,7 +128,10 @@ class MLMModule(L.LightningModule):
         return lightning_optim(self.model.parameters(), self.optim_cfg)
 
     def cumulative_flops(self, step: int | None = None) -> float:
-        return (self.global_step if step is None else step) * self.flops_per_update
+        return self.flops.at(self.global_step if step is None else step)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["minimodel"] = replace(self.meta, step=self.global_step, flops=self.cumulative_flops()).to_dict()
+        meta = replace(self.meta, step=self.global_step, flops=self.cumulative_flops())
+        if self.phase_head is not None:
+            meta = replace(meta, extra={**meta.extra, "phase": self.phase_head(self.global_step)})
+        checkpoint["minimodel"] = meta.to_dict()

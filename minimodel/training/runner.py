@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import Callback
 
 from minimodel.checkpoints import CheckpointError, load_checkpoint
 from minimodel.config import ExperimentConfig, OptimConfig, TrainerConfig, check_finished, save_config
+from minimodel.flops import FlopSchedule
 from minimodel.layout import CONFIG, checkpoints, is_done, last_checkpoint, read_done, write_done
 from minimodel.locks import exclusive
 from minimodel.log import get_logger, process_rank, quiet_lightning
@@ -49,7 +50,7 @@ class Training:
     datamodule: L.LightningDataModule
     optim: OptimConfig
     trainer: TrainerConfig
-    flops_per_update: float = 0.0  # 0: no FLOP accounting (finetuning)
+    flops_per_update: float | FlopSchedule = 0.0  # 0: no FLOP accounting (finetuning); a schedule: by phase
     tokens_per_update: int = 0
     keep_steps: bool = True  # keep step{N}.ckpt files (False: last.ckpt only)
     export: Callable[[int], Any] | None = None  # rank 0, at every checkpoint and at update 0 of a fresh run
@@ -157,8 +158,10 @@ class Runner(Generic[T]):
         ckpts = ScheduledCheckpoints(checkpoints(run_dir), t.ckpt_every, t.ckpt_steps, t.max_minutes, t.stop_at,
                                      keep_steps=training.keep_steps, export=training.export)
         callbacks: list[Callback] = [ckpts]
-        if training.flops_per_update:
-            callbacks.append(StageProgress(training.flops_per_update, training.tokens_per_update,
+        f = training.flops_per_update
+        flops = f if isinstance(f, FlopSchedule) else FlopSchedule.constant(f) if f else None
+        if flops is not None:
+            callbacks.append(StageProgress(flops, training.tokens_per_update,
                                            log_every=t.log_every))
         trainer = make_trainer(self.cfg, stage, training, callbacks, progress_bar)
         resume = resume_point(run_dir)
@@ -176,7 +179,7 @@ class Runner(Generic[T]):
         done: dict = {}
         if trainer.is_global_zero:
             done = {"stage": stage.name, "step": step, "checkpoint": str(last_checkpoint(run_dir)),
-                    "flops": step * training.flops_per_update,
+                    "flops": flops.at(step) if flops is not None else 0.0,
                     "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}}
             if training.finish is not None:
                 done.update(training.finish(trainer))
