@@ -151,6 +151,12 @@ class PretrainConfig(StageConfig):
     # then gets 1/(k+1) of the loss. When given, every head of the model needs a weight (>= 0, sum > 0); the
     # loss is the weighted sum as written (not renormalised).
     head_weights: dict[str, float] = field(default_factory=dict)
+    # Active forgetting (Chen et al., NeurIPS 2023): re-initialise the token embeddings every K updates (N(0,
+    # init_std), padding row zero; the tied MLM projections follow) and reset their AdamW moments; 0 = off.
+    forget_every: int = 0
+    # with forgetting: the embeddings get a learning-rate schedule of their own, restarted (warmup, then linear
+    # decay to 0 at the next re-initialisation) at each re-initialisation; false = the one schedule of the run
+    forget_lr_restart: bool = False
 
 
 @dataclass
@@ -180,6 +186,9 @@ class AdaptConfig:
     # Progressive adaptation (MiniJoint): phases over ever deeper heads, e.g. [{head: l2, until: 0.25},
     # {head: l4, until: 0.6}, {head: primary}]; the embeddings, output bias and their optimiser state carry over.
     schedule: list[PhaseConfig] = field(default_factory=list)
+    # the share of the target corpus' training blocks step 2 may use (its first ones), e.g. 0.1 for a low-data
+    # setting; validation blocks are the same whatever the share
+    data_fraction: float = 1.0
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
@@ -430,6 +439,11 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     if not 0.0 < cfg.data.mask_prob < 1.0:
         fail(f"data.mask_prob must be in (0, 1), got {cfg.data.mask_prob}")
     _validate_head_weights(cfg, fail)
+    if not 0 <= cfg.pretrain.forget_every < cfg.pretrain.optim.updates:
+        fail(f"pretrain.forget_every must be 0 (off) or a number of updates below pretrain.optim.updates "
+             f"({cfg.pretrain.optim.updates}), got {cfg.pretrain.forget_every}")
+    if not 0.0 < cfg.adapt.data_fraction <= 1.0:
+        fail(f"adapt.data_fraction must be in (0, 1], got {cfg.adapt.data_fraction}")
     if cfg.adapt.init not in ("overlap", "random"):
         fail(f"adapt.init must be 'overlap' or 'random', got {cfg.adapt.init!r}")
     if cfg.logging.wandb not in ("auto", "online", "offline", "disabled"):
@@ -611,8 +625,8 @@ def stage_identity(stage: str) -> tuple[str, ...]:
         task = rest.split("/")[0]
         return ("source_lang", "model", *_DATA_READ, "bridge.source", *(f"finetune.{k}" for k in _FINETUNE),
                 *trainer, *(f"tasks.{task}.{k}" for k in _TASK))
-    extra = {"pretrain": ("pretrain.head_weights",), "bridge": ("bridge.depth", "bridge.layers", "bridge.source"),
-             "adapt": ("adapt.init", "adapt.head", "adapt.schedule", "adapt.trainer.ckpt_every",
+    extra = {"pretrain": ("pretrain.head_weights", "pretrain.forget_every", "pretrain.forget_lr_restart"), "bridge": ("bridge.depth", "bridge.layers", "bridge.source"),
+             "adapt": ("adapt.init", "adapt.head", "adapt.schedule", "adapt.data_fraction", "adapt.trainer.ckpt_every",
                        "adapt.trainer.ckpt_steps")}.get(kind, ())
     return ("source_lang", "model", *_MLM_DATA, *(f"{kind}.optim.{k}" for k in _OPTIM), *trainer, *extra)
 

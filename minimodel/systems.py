@@ -40,6 +40,7 @@ class System:
     bridge: bool = False  # has step 1b
     mini_finetune: bool = False  # its mini-model can be finetuned on its own (``body=mini``, Table 5)
     reference: bool = False  # the reference of every near-maximal target and speedup
+    forgetting: bool = False  # its step 1 may use active forgetting (pretrain.forget_every)
 
     def steps(self, external_primary: bool = False) -> tuple[str, ...]:
         """The training steps, in order (prepare, evaluate and report come with every system)."""
@@ -48,9 +49,9 @@ class System:
 
 
 REGISTRY: dict[str, System] = {s.name: s for s in (
-    System("bl_base", "BL_BASE", Body.OWN, mini_heads=0, reference=True),
+    System("bl_base", "BL_BASE", Body.OWN, mini_heads=0, reference=True, forgetting=True),
     System("bl_small", "BL_SMALL", Body.OWN, mini_heads=0),
-    System("minijoint", "MiniJoint", Body.HEAD, mini_heads=1, mini_finetune=True),
+    System("minijoint", "MiniJoint", Body.HEAD, mini_heads=1, mini_finetune=True, forgetting=True),
     System("minipost", "MiniPost", Body.BRIDGE, mini_heads=0, primary_from="bl_base", bridge=True),
 )}
 ORDER = tuple(REGISTRY)  # the paper's order, used by tables
@@ -81,6 +82,9 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
              f"got {heads}")
     if not s.mini_heads and heads:
         fail(f"model.mini_heads is only for systems with secondary heads; system {s.name} has {heads}")
+    if cfg.pretrain.forget_every and not s.forgetting:
+        fail(f"pretrain.forget_every (active forgetting) is for {', '.join(n for n, x in REGISTRY.items() if x.forgetting)}"
+             f", not {s.name}")
     head = cfg.adapt.head
     if cfg.adapt.schedule:
         _validate_schedule(cfg, s, fail)

@@ -131,8 +131,10 @@ class MLMDataModule(L.LightningDataModule):
 
     def __init__(self, shard_dir: str | Path, seq_len: int, mask_prob: float, vocab_size: int,
                  micro_batch: int, global_batch: int, val_blocks: int, num_workers: int = 2, seed: int = 1,
-                 specials: SpecialTokens = SENTENCEPIECE_SPECIALS, tokenizer_sha256: str = "") -> None:
+                 specials: SpecialTokens = SENTENCEPIECE_SPECIALS, tokenizer_sha256: str = "",
+                 train_fraction: float = 1.0) -> None:
         super().__init__()
+        self.train_fraction = train_fraction  # train on the first share of the training blocks only
         self.shard_dir = Path(shard_dir)
         self.specials, self.tokenizer_sha256 = specials, tokenizer_sha256
         self.seq_len, self.mask_prob, self.vocab_size = seq_len, mask_prob, vocab_size
@@ -162,7 +164,9 @@ class MLMDataModule(L.LightningDataModule):
         blocks = np.arange(n_blocks, dtype=np.int64)
         common = dict(stream=stream, seq_len=self.seq_len, mask_prob=self.mask_prob,
                       vocab_size=self.vocab_size, seed=self.seed, specials=self.specials)
-        self.train_set = BlockDataset(blocks=blocks[: n_blocks - self.val_blocks], shuffle=True, **common)
+        train = blocks[: n_blocks - self.val_blocks]
+        train = train[: max(1, round(self.train_fraction * len(train)))]
+        self.train_set = BlockDataset(blocks=train, shuffle=True, **common)
         self.val_set = BlockDataset(blocks=blocks[n_blocks - self.val_blocks:], shuffle=False, **common)
 
     def _rank_world(self) -> tuple[int, int]:
@@ -198,11 +202,13 @@ class MLMDataModule(L.LightningDataModule):
         self.consumed = int(state["consumed"])
 
 
-def mlm_datamodule(cfg: ExperimentConfig, lang: str, optim: OptimConfig, seed: int, tok: AnyTokenizer) -> MLMDataModule:
-    """The MLM data of ``lang`` as the experiment prepared it, encoded by ``tok``."""
+def mlm_datamodule(cfg: ExperimentConfig, lang: str, optim: OptimConfig, seed: int, tok: AnyTokenizer,
+                   train_fraction: float = 1.0) -> MLMDataModule:
+    """The MLM data of ``lang`` as the experiment prepared it, encoded by ``tok`` (training on the first
+    ``train_fraction`` of its training blocks)."""
     from minimodel.data.prepare import prepared_paths
 
     d = cfg.data
     return MLMDataModule(prepared_paths(cfg, lang).shards, d.seq_len, d.mask_prob, tok.vocab_size,
                          optim.micro_batch, optim.global_batch, d.val_blocks, d.num_workers, seed,
-                         specials=tok.specials, tokenizer_sha256=tok.sha256)
+                         specials=tok.specials, tokenizer_sha256=tok.sha256, train_fraction=train_fraction)

@@ -167,7 +167,8 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
 
         # progressive: an adaptation checkpoint at the end of every phase but the last
         ends = sorted({*a.trainer.ckpt_steps, *(p.end for p, _ in phases[:-1])})
-        return Training(module, mlm_datamodule(cfg, cfg.lang, a.optim, a.trainer.seed, x.target_tok), a.optim,
+        data = mlm_datamodule(cfg, cfg.lang, a.optim, a.trainer.seed, x.target_tok, a.data_fraction)
+        return Training(module, data, a.optim,
                         replace(a.trainer, ckpt_steps=ends), flops_per_update=flops, tokens_per_update=a.optim.global_batch * cfg.data.seq_len,
                         keep_steps=False, export=export, finish=finish)
 

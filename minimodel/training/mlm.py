@@ -18,8 +18,11 @@ from torchmetrics import MeanMetric
 from minimodel.checkpoints import TrainingMeta
 from minimodel.config import OptimConfig
 from minimodel.flops import FlopSchedule
+from minimodel.log import get_logger
 from minimodel.model import IGNORE_INDEX, PRIMARY, RobertaMLM
 from minimodel.training.optim import check_finite, lightning_optim
+
+log = get_logger(__name__)
 
 
 def head_metric(head: str, heads: list[str]) -> str:
@@ -66,6 +69,27 @@ def head_weights(heads: list[str], weights: Mapping[str, float] | None = None) -
     return {h: float(weights[h]) for h in heads}
 
 
+def forget_init(vocab: int, hidden: int, std: float, pad_id: int, seed: int, step: int) -> torch.Tensor:
+    """The fresh token embeddings of active forgetting after update ``step``: N(0, std) from a generator seeded by
+    (``seed``, ``step``) alone, so every rank draws the same matrix without talking to the others; padding row 0."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    weight = torch.randn(vocab, hidden, generator=gen) * std
+    weight[pad_id] = 0.0
+    return weight
+
+
+def window_factor(step: int, every: int, total: int, warmup: int) -> float:
+    """Learning-rate factor of the embeddings under active forgetting with restarts: within each window of
+    ``every`` updates (the last one ends at ``total``), linear warmup over ``min(warmup, window / 2)`` updates,
+    then linear decay to 0 at the window's end."""
+    start = (step // every) * every
+    end = min(start + every, total)
+    warm, local = max(1, min(warmup, (end - start) // 2)), step - start
+    if local < warm:
+        return (local + 1) / warm
+    return max(0.0, (end - step) / max(1, end - start - warm))
+
+
 class MLMModule(L.LightningModule):
     """Trains the parameters of ``model`` that require a gradient on the weighted sum of the MLM losses of its
     heads (``weights``: head -> weight; default the mean over the heads).
@@ -74,7 +98,8 @@ class MLMModule(L.LightningModule):
 
     def __init__(self, model: RobertaMLM, optim: OptimConfig, meta: TrainingMeta, flops: float | FlopSchedule,
                  trainable: Callable[[str], bool] | None = None, weights: Mapping[str, float] | None = None,
-                 phase_head: Callable[[int], str] | None = None) -> None:
+                 phase_head: Callable[[int], str] | None = None, forget_every: int = 0,
+                 forget_lr_restart: bool = False, forget_seed: int = 0) -> None:
         """``flops``: per update, or a ``FlopSchedule``; ``phase_head(step)``, when given, is the one head whose
         loss trains the update after ``step`` updates (progressive adaptation) instead of the weighted sum."""
         super().__init__()
@@ -83,6 +108,8 @@ class MLMModule(L.LightningModule):
         self.trainable = trainable
         self.weights = head_weights(model.cfg.head_names, weights)
         self.phase_head = phase_head
+        self.forget_every, self.forget_lr_restart, self.forget_seed = forget_every, forget_lr_restart, forget_seed
+        self._forgot_at = -1
         self.val = MLMValidation(model.cfg.head_names)
 
     def on_fit_start(self) -> None:
@@ -118,6 +145,28 @@ class MLMModule(L.LightningModule):
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
         return loss
 
+    def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """Active forgetting: before the first micro-batch of update K+1, 2K+1, ... re-initialise the embeddings.
+        Doing it at the start of the next update (not at the end of update K) puts every checkpoint of update K
+        before the reset, so a run resumed from it makes the same reset again: resume stays exact."""
+        step = self.global_step
+        if self.forget_every and step and step % self.forget_every == 0 and self._forgot_at != step:
+            self._forgot_at = step
+            self.forget(step)
+
+    def forget(self, step: int) -> None:
+        """Fresh token embeddings (``forget_init``; every tied MLM projection follows by the tie) and fresh AdamW
+        state for them (moments and bias-correction step restart at 0); nothing else changes."""
+        emb = self.model.embeddings.tokens.weight
+        fresh = forget_init(emb.shape[0], emb.shape[1], self.model.cfg.init_std, self.model.cfg.pad_id,
+                            self.forget_seed, step)
+        with torch.no_grad():
+            emb.copy_(fresh.to(device=emb.device, dtype=emb.dtype))
+        optimizer = self.optimizers()
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # Lightning's wrapper -> the torch optimiser
+        optimizer.state.pop(emb, None)
+        log.info(f"active forgetting: token embeddings re-initialised after update {step}")
+
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self.val.update(self.model, batch)
 
@@ -125,7 +174,15 @@ class MLMModule(L.LightningModule):
         self.val.log(self)
 
     def configure_optimizers(self) -> dict:
-        return lightning_optim(self.model.parameters(), self.optim_cfg)
+        if not (self.forget_every and self.forget_lr_restart):
+            return lightning_optim(self.model.parameters(), self.optim_cfg)
+        # the embeddings in a group of their own, whose schedule restarts at each re-initialisation
+        emb = self.model.embeddings.tokens.weight
+        rest = [p for p in self.model.parameters() if p is not emb]
+        o = self.optim_cfg
+        every, total, warm = self.forget_every, o.updates, o.warmup_updates
+        return lightning_optim(rest, o, first=[emb],
+                               first_factor=lambda step: window_factor(step, every, total, warm))
 
     def cumulative_flops(self, step: int | None = None) -> float:
         return self.flops.at(self.global_step if step is None else step)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -11,13 +11,19 @@ from minimodel.errors import NonFiniteLossError
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig, total_updates: int | None = None,
-                    warmup: int | None = None) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW (all trainable parameters, decoupled weight decay as fairseq) with linear warmup then linear decay."""
+                    warmup: int | None = None, first: list[torch.nn.Parameter] | None = None,
+                    first_factor: Callable[[int], float] | None = None,
+                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW (all trainable parameters, decoupled weight decay as fairseq) with linear warmup then linear decay.
+    ``first`` (with ``first_factor``): parameters in a group of their own, ahead of the others, whose learning
+    rate follows ``first_factor`` instead (active forgetting's restarted embedding schedule)."""
     params = [p for p in params if p.requires_grad]
-    if not params:
+    head = [p for p in (first or []) if p.requires_grad]
+    if not params and not head:
         raise ValueError("nothing to train: no parameter requires a gradient")
-    fused = all(p.is_cuda for p in params)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,  # type: ignore[arg-type]
+    fused = all(p.is_cuda for p in params + head)
+    groups: list = [{"params": head}, {"params": params}] if head else params
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,  # type: ignore[arg-type]
                             weight_decay=cfg.weight_decay, fused=fused or None)
     total = total_updates if total_updates is not None else cfg.updates
     warm = warmup if warmup is not None else cfg.warmup_updates
@@ -27,12 +33,16 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig, tota
             return (step + 1) / max(1, warm)
         return max(0.0, (total - step) / max(1, total - warm))
 
+    if head:
+        return opt, torch.optim.lr_scheduler.LambdaLR(opt, [first_factor or factor, factor])
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def lightning_optim(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> dict:
+def lightning_optim(params: Iterable[torch.nn.Parameter], cfg: OptimConfig,
+                    first: list[torch.nn.Parameter] | None = None,
+                    first_factor: Callable[[int], float] | None = None) -> dict:
     """``configure_optimizers``' answer: the optimiser and its per-update schedule."""
-    opt, sched = build_optimizer(params, cfg)
+    opt, sched = build_optimizer(params, cfg, first=first, first_factor=first_factor)
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
 
 
