@@ -26,7 +26,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-fast lint demo study bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small report submit bench flops
+.PHONY: help setup test test-fast lint demo study bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops
 
 help:
 	@sed -n '1,10p' Makefile
@@ -54,6 +54,12 @@ demo: setup
 
 study bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small: setup
 	$(MM) run experiments/$@.yaml $(OVERRIDES)
+
+# after `make study`: copy the study's results.jsonl files to docs/results/ and regenerate docs/results.md from them
+results: setup
+	mkdir -p docs/results/study
+	for f in runs/study/*/results.jsonl; do d=docs/results/study/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
+	$(MM) report experiments/study.yaml runs_dir=docs/results --out docs/results.md
 
 report: setup
 	$(MM) report experiments/$(EXP).yaml $(OVERRIDES)

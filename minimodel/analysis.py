@@ -698,8 +698,10 @@ NO_REFERENCE = (f"No {REFERENCE} (BL_BASE) results: there is no near-maximal tar
                 "final score), so the times to target, the speedups and the depth sweep are left out.")
 
 
-def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Mapping[str, int] | None = None) -> str:
-    """The Markdown report; ``plots``: task -> relative link of its PNG; ``depths``: MiniJoint label -> depth of its
+def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Mapping[str, int] | None = None,
+                  variants: Mapping[str, Any] | None = None) -> str:
+    """The Markdown report; ``variants``: MiniJoint label -> ``claims.VariantInfo`` (the claims beyond the paper);
+    ``plots``: task -> relative link of its PNG; ``depths``: MiniJoint label -> depth of its
     mini-model (for the claim about depth)."""
     out = [f"# Mini-model adaptation: {name}", ""]
     if not res.curves and not res.english:
@@ -743,7 +745,9 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
                 "Each claim of the paper, its figure there, ours with a 95% bootstrap interval over finetuning seeds "
                 "(n per system), the rule that decides *held*, and the verdict: *held* when the interval lies on the "
                 "claim's side of the rule, *not held* when it lies on the other side, *inconclusive* when it spans "
-                "the rule's threshold.", "", claims_table(res, depths), ""]
+                "the rule's threshold. Rows marked \"not in the paper\" check minimodel's extensions of the method "
+                "(multi-head pretraining, progressive adaptation, active forgetting) the same way.", "",
+                claims_table(res, depths, variants=variants), ""]
     english = table_english(res)
     if english:
         out += ["## English (Table 5)", "",
@@ -759,7 +763,7 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
 
 def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
                  baselines: Mapping[tuple[str, str], float] | None = None,
-                 depths: Mapping[str, int] | None = None) -> Path:
+                 depths: Mapping[str, int] | None = None, variants: Mapping[str, Any] | None = None) -> Path:
     """Read every ``{runs_dir}/{name}/*/results.jsonl``; write ``report.md`` (default
     ``{runs_dir}/{name}/report.md``) and its PNGs under ``plots/`` next to it. Returns the report path.
     ``baselines``: (task, lang) -> majority-class score, shown under Table 2."""
@@ -769,7 +773,7 @@ def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs = plot_curves(res, out.parent / "plots") if res.curves else {}
     text = render_report(res, name, {task: path.relative_to(out.parent).as_posix() for task, path in pngs.items()},
-                         depths)
+                         depths, variants)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(out)

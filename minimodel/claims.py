@@ -51,6 +51,38 @@ TEXTS: dict[int, tuple[str, str, str]] = {  # claim, the paper's figure, the rul
 }
 
 
+EXTENSION_TEXTS: dict[str, tuple[str, str]] = {  # claim, the rule for *held* (none of these is in the paper)
+    "multi": ("One multi-head pretraining gives mini-models as good as dedicated ones (final score, same depth)",
+              "difference multi-head − dedicated above −1 point"),
+    "progressive": ("Progressive adaptation (shallow to deep heads) reaches the target sooner than a fixed depth "
+                    "without a lower final score",
+                    "speedup difference progressive − fastest fixed head above 0 and final-score difference "
+                    "above −1 point"),
+    "forget": ("Active forgetting in pretraining makes MiniJoint reach the target sooner",
+               "speedup difference with − without forgetting above 0"),
+    "forget_low": ("Active forgetting helps most when step 2 has little data (final score, low-data adaptation)",
+                   "final-score difference with − without forgetting above 0"),
+}
+NOT_IN_PAPER = "— (not in the paper)"
+
+
+@dataclass(frozen=True)
+class VariantInfo:
+    """What a MiniJoint-like variant of an experiment is, for the claims beyond the paper."""
+
+    depth: int  # layers of its step-2 body (progressive: the deepest phase's)
+    pretraining: str  # the label of the step-1 run it adapts over (shared by the heads of one multi-head model)
+    multi_head: bool = False
+    progressive: bool = False
+    forget: bool = False
+    data_fraction: float = 1.0
+
+    @property
+    def plain(self) -> bool:
+        """A dedicated single-head MiniJoint, standard pretraining, the whole target corpus."""
+        return not (self.multi_head or self.progressive or self.forget) and self.data_fraction == 1.0
+
+
 @dataclass(frozen=True)
 class Claim:
     claim: str
@@ -201,12 +233,86 @@ def claims(res: Results, task: str, depths: Mapping[str, int] | None = None, rep
     return out
 
 
+def extension_claims(res: Results, task: str, variants: Mapping[str, VariantInfo], reps: int = 2000) -> list[Claim]:
+    """The claims about minimodel's extensions of the method (multi-head pretraining, progressive adaptation,
+    active forgetting), one row for each the experiment has the variants for."""
+    out: list[Claim] = []
+    known = {label: v for label, v in variants.items() if _has(res, label)}
+
+    def b(systems: list[str], est: Estimate) -> Interval:
+        return bootstrap(res, systems, est, reps=reps)
+
+    def final_diff(a: str, c: str) -> Interval:
+        return b([a, c], lambda r: avg_final(r, a, task) - avg_final(r, c, task))
+
+    def speed_diff(a: str, c: str) -> Interval:
+        return b([REFERENCE, a, c], lambda r: system_speedup(r, a, task).mean - system_speedup(r, c, task).mean)
+
+    def speed(x: float) -> str:
+        return f"{x:+.2f}×"
+
+    def match(v: VariantInfo, w: VariantInfo) -> bool:
+        return v.depth == w.depth and v.data_fraction == w.data_fraction
+
+    pairs = [(m, d) for m, v in known.items() if v.multi_head and not (v.progressive or v.forget)
+             for d, w in known.items() if w.plain and match(v, w)]
+    if pairs:
+        claim, rule = EXTENSION_TEXTS["multi"]
+        parts, verdicts = [], []
+        for m, d in pairs:
+            iv = final_diff(m, d)
+            parts.append(f"{m} − {d} (N={known[m].depth}): {_iv(iv, _points)}, {_n(res, m, d)}")
+            verdicts.append(verdict(iv, above=-1.0))
+        out.append(Claim(claim, NOT_IN_PAPER, rule, "; ".join(parts), _all(verdicts)))
+
+    if _has(res, REFERENCE):
+        for p, v in known.items():
+            if not v.progressive:
+                continue
+            fixed = [f for f, w in known.items() if w.pretraining == v.pretraining and not w.progressive
+                     and w.data_fraction == v.data_fraction]
+            if not fixed:
+                continue
+            fastest = max(fixed, key=lambda f: system_speedup(res, f, task).mean)
+            claim, rule = EXTENSION_TEXTS["progressive"]
+            s_iv, f_iv = speed_diff(p, fastest), final_diff(p, fastest)
+            out.append(Claim(claim, NOT_IN_PAPER, rule,
+                             f"{p} vs {fastest}: speedup {_iv(s_iv, speed)}, final {_iv(f_iv, _points)}, "
+                             f"{_n(res, p, fastest)}", _both(verdict(s_iv, above=0.0), verdict(f_iv, above=-1.0))))
+
+    plain_pairs = [(f, c) for f, v in known.items() if v.forget and not (v.progressive or v.multi_head)
+                   for c, w in known.items() if not (w.forget or w.progressive or w.multi_head) and match(v, w)]
+    full = [(f, c) for f, c in plain_pairs if known[f].data_fraction == 1.0]
+    if full and _has(res, REFERENCE):
+        claim, rule = EXTENSION_TEXTS["forget"]
+        ivs = [(f, c, speed_diff(f, c)) for f, c in full]
+        out.append(Claim(claim, NOT_IN_PAPER, rule,
+                         "; ".join(f"{f} − {c}: {_iv(iv, speed)}, {_n(res, f, c)}" for f, c, iv in ivs),
+                         _all([verdict(iv, above=0.0) for _, _, iv in ivs])))
+    low = [(f, c) for f, c in plain_pairs if known[f].data_fraction < 1.0]
+    if low:
+        claim, rule = EXTENSION_TEXTS["forget_low"]
+        ivs = [(f, c, final_diff(f, c)) for f, c in low]
+        out.append(Claim(claim, NOT_IN_PAPER, rule,
+                         "; ".join(f"{f} − {c} ({known[f].data_fraction:.0%} of the corpus): {_iv(iv, _points)}, "
+                                   f"{_n(res, f, c)}" for f, c, iv in ivs),
+                         _all([verdict(iv, above=0.0) for _, _, iv in ivs])))
+    return out
+
+
+def _all(verdicts: list[str]) -> str:
+    out = verdicts[0]
+    for v in verdicts[1:]:
+        out = _both(out, v)
+    return out
+
+
 def claims_table(res: Results, depths: Mapping[str, int] | None = None, tasks: Sequence[str] | None = None,
-                 reps: int = 2000) -> str:
-    """The claims as a Markdown table per task."""
+                 reps: int = 2000, variants: Mapping[str, VariantInfo] | None = None) -> str:
+    """The claims as a Markdown table per task (the paper's, then those about minimodel's extensions)."""
     blocks = []
     for task in tasks or res.tasks:
-        rows = claims(res, task, depths, reps)
+        rows = claims(res, task, depths, reps) + extension_claims(res, task, variants or {}, reps)
         lines = ["| claim | paper | ours: estimate [95% interval] | rule for *held* | verdict |",
                  "|---|---|---|---|---|"]
         lines += [f"| {c.claim} | {c.paper} | {c.ours} | {c.rule} | **{c.verdict}** |" for c in rows]

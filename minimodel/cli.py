@@ -90,12 +90,21 @@ def cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     return ""
 
 
-def mini_depths(config: str, overrides: list[str]) -> dict[str, int]:
-    """Depth of the mini-model of every MiniJoint-like variant (a head of its own model) of the experiment."""
+def variant_infos(config: str, overrides: list[str]) -> dict[str, Any]:
+    """What every MiniJoint-like variant (a head of its own model) of the experiment is (``claims.VariantInfo``)."""
+    from minimodel.claims import VariantInfo
     from minimodel.pipeline import variants
     from minimodel.systems import Body, adapt_depth, of
 
-    return {v.label: adapt_depth(v.cfg) for v in variants(config, overrides) if of(v.cfg).body is Body.HEAD}
+    return {v.label: VariantInfo(depth=adapt_depth(v.cfg), pretraining=v.cfg.label,
+                                 multi_head=len(v.cfg.model.mini_heads) > 1, progressive=bool(v.cfg.adapt.schedule),
+                                 forget=v.cfg.pretrain.forget_every > 0, data_fraction=v.cfg.adapt.data_fraction)
+            for v in variants(config, overrides) if of(v.cfg).body is Body.HEAD}
+
+
+def mini_depths(config: str, overrides: list[str]) -> dict[str, int]:
+    """Depth of the mini-model of every dedicated single-head MiniJoint variant (the paper's depth claim)."""
+    return {label: v.depth for label, v in variant_infos(config, overrides).items() if v.plain}
 
 
 def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
@@ -111,7 +120,8 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
         except Exception as e:  # the hub may be out of reach: the report goes on without the baseline
             log.warning(f"no majority-class baseline for {task}: {e}")
     path = write_report(cfg.runs_dir, cfg.name, out=Path(args.out) if args.out else None, baselines=baselines,
-                        depths=mini_depths(args.config, args.overrides))
+                        depths=mini_depths(args.config, args.overrides),
+                        variants=variant_infos(args.config, args.overrides))
     print(summary(cfg.runs_dir, cfg.name, baselines=baselines))
     print(f"report: {path}")
     return ""

@@ -265,3 +265,39 @@ def test_claims_by_hand(tree: Path):
     assert got["Distant (SOV)"].verdict == "not measured"  # ar and de only
     table = claims_table(res, {"minijoint-n2": 2, "minijoint-n10": 10}, reps=50)
     assert table.count("\n| ") == 7 and "**not held**" in table
+
+
+def test_claims_beyond_the_paper_by_hand():
+    """Multi-head vs dedicated, progressive vs its fixed heads, forgetting with full and low data: variants made
+    from minijoint-n2's curves with known shifts of score (points) and of cost (days scaled)."""
+    from minimodel.claims import VariantInfo, claims_table, extension_claims
+
+    def like(src: str, label: str, shift: float = 0.0, days: float = 1.0) -> list[dict]:
+        return [r | {"system": label, "value": r["value"] + shift, "v100_days": r["v100_days"] * days,
+                     "flops": r["flops"] * days} for r in rows_of(src) if r["step"] >= 0]
+
+    rows = [*rows_of("bl_base"), *rows_of("minijoint-n2"), *like("minijoint-n2", "minijoint-multi@l2", shift=-2.0),
+            *like("minijoint-n2", "minijoint-multi@progressive", days=0.5),
+            *like("minijoint-n2", "minijoint-forget", days=0.5),
+            *like("minijoint-n2", "minijoint-low", shift=-5.0), *like("minijoint-n2", "minijoint-forget-low", shift=-3.0)]
+    res = results_from_rows(rows)
+    variants = {"minijoint-n2": VariantInfo(2, "minijoint-n2"),
+                "minijoint-multi@l2": VariantInfo(2, "minijoint-multi", multi_head=True),
+                "minijoint-multi@progressive": VariantInfo(10, "minijoint-multi", multi_head=True, progressive=True),
+                "minijoint-forget": VariantInfo(2, "minijoint-forget", forget=True),
+                "minijoint-low": VariantInfo(2, "minijoint-low", data_fraction=0.1),
+                "minijoint-forget-low": VariantInfo(2, "minijoint-forget-low", forget=True, data_fraction=0.1),
+                "minijoint-n10": VariantInfo(10, "minijoint-n10")}  # no results: left out
+    got = {c.claim.split(" ")[0] + " " + c.claim.split(" ")[1]: c for c in extension_claims(res, "xnli", variants, 200)}
+    assert set(got) == {"One multi-head", "Progressive adaptation", "Active forgetting"} and len(got) == 3
+    multi = got["One multi-head"]
+    assert multi.verdict == "not held" and "minijoint-multi@l2 − minijoint-n2 (N=2): -2.0 [-2.0, -2.0]" in multi.ours
+    prog = got["Progressive adaptation"]  # half the days of its fixed head, 2 points better at the end
+    assert prog.verdict == "held" and "vs minijoint-multi@l2" in prog.ours and "final +2.0 [+2.0, +2.0]" in prog.ours
+    rows_by_claim = extension_claims(res, "xnli", variants, 200)
+    forget_full, forget_low = [c for c in rows_by_claim if c.claim.startswith("Active forgetting")]
+    assert forget_full.verdict == "held" and forget_full.ours.startswith("minijoint-forget − minijoint-n2: +")
+    assert forget_low.verdict == "held" and "(10% of the corpus): +2.0 [+2.0, +2.0]" in forget_low.ours
+    assert all(c.paper == "— (not in the paper)" for c in rows_by_claim)
+    table = claims_table(res, {"minijoint-n2": 2}, reps=50, variants=variants)
+    assert table.count("not in the paper") == 4
