@@ -1,7 +1,7 @@
 # minimodel: `make demo` runs all four systems on the bundled demo data, `make test` runs the tests.
 # Both create .venv and install what they need (a pinned torch first, then the package).
 #
-# Experiments: make study (the evidence, docs/results.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
+# Experiments: make study (the evidence; then make results: docs/results.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
 # Each runs every step in order (prepare, pretrain, bridge, adapt per language, finetune per task and
 # seed, evaluate, report), skips finished steps and resumes unfinished ones. Overrides:
 #   make minijoint LANGS=de,tr TASKS=xnli SEEDS=2 ARGS="pretrain.optim.micro_batch=16"
