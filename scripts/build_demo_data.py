@@ -653,11 +653,15 @@ def build(args: argparse.Namespace) -> int:
     test_order = rng_task.sample(test_pool, len(test_pool))
     task_files: dict[str, list[dict]] = {
         "train": train, "dev": dev, "test.en": test_order[:MAX_TEST]}
-    for lang in targets:
+    # target-language dev files (translations of the dev pages), ordered by a generator of their own so that
+    # every file above stays as it was: for choosing step-2 settings without looking at a test set
+    dev_order = random.Random(SEED + ":dev-targets").sample(dev_pool, len(dev_pool))
+    for lang, order, limit, prefix in [(lang, o, m, p) for lang in targets
+                                       for o, m, p in ((test_order, MAX_TEST, "test"), (dev_order, MAX_DEV, "dev"))]:
         pages = help_pages[lang]
         chosen, seen = [], set()
-        for ex in test_order:
-            if len(chosen) >= MAX_TEST:
+        for ex in order:
+            if len(chosen) >= limit:
                 break
             en_paras, tgt = en_pages[ex["page"]], pages.get(ex["page"])
             if tgt is None or not aligned(en_paras, tgt):
@@ -668,7 +672,7 @@ def build(args: argparse.Namespace) -> int:
                 continue
             seen.add(text)
             chosen.append({**ex, "text": text})
-        task_files[f"test.{lang}"] = chosen
+        task_files[f"{prefix}.{lang}"] = chosen
     log("task: " + ", ".join(f"{k}={len(v)}" for k, v in task_files.items()))
 
     # ---- corpora --------------------------------------------------------------------
@@ -751,7 +755,7 @@ def build(args: argparse.Namespace) -> int:
     # ---- leak verification ------------------------------------------------------------
     for lang in langs:
         lines = set(corpora[lang].decode("utf-8").split("\n"))
-        files = ["train", "dev", "test.en"] if lang == "en" else [f"test.{lang}"]
+        files = ["train", "dev", "test.en"] if lang == "en" else [f"test.{lang}", f"dev.{lang}"]
         for name in files:
             if name == "train":
                 continue
@@ -915,6 +919,8 @@ def write_sources(path, args, langs, pkgs, versions, licences, stats, compress_t
         "  page (only pages with the same number of paragraphs and the same element ids);",
         "  translations identical to the English paragraph (untranslated) are dropped.",
         f"  `test.en` holds English originals of the test pages. At most {MAX_TEST} each.",
+        f"* `dev.{{lang}}`: the same for the dev pages (at most {MAX_DEV}; seeded order `{SEED}:dev-targets`),",
+        "  for choosing adaptation settings without a test set; disjoint from every test page.",
         "  The target test files are smaller where the translation is incomplete.",
         "* Duplicate texts within a file, texts with more than one label, and dev/test",
         "  texts that also occur on a train page (of that language or of English) are",

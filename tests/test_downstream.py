@@ -127,3 +127,17 @@ def test_extractive_qa_through_steps_3_and_4(tmp_path, prepared, corpus_dir):
     assert all(0.0 <= r["value"] <= 100.0 for r in rows)
     assert {(r["split"], r["metric"]) for r in rows if r["lang"] == "en"} == {
         ("dev", "f1"), ("dev", "exact_match"), ("test", "f1"), ("test", "exact_match")}
+
+
+def test_target_language_dev_sets_are_separate_from_the_test_sets():
+    """dev.{lang} (translations of the dev pages, for choosing step-2 settings without a test set): labelled like
+    the rest, no page in common with the test pages, English dev unchanged."""
+    task = TaskData("lohelp", LOHELP)
+    english_dev = task.records("dev")
+    assert len(english_dev) == 600 and task.records("dev", "en") == english_dev
+    for lang, n in (("de", 600), ("es", 444), ("fr", 438), ("tr", 324)):
+        dev, test = task.records("dev", lang), task.records("test", lang)
+        assert len(dev) == n and {r["label"] for r in dev} == {0, 1, 2, 3}
+        pages = {r["id"].split("#")[0] for r in dev}
+        assert not pages & {r["id"].split("#")[0] for r in test}
+        assert not {r["text"] for r in dev} & {r["text"] for r in english_dev}  # translated, not copied

@@ -556,9 +556,12 @@ class TaskData:
         return [lang for lang in target_langs if lang in self.spec.languages]  # type: ignore[union-attr]
 
     def records(self, split: str, lang: str = "en") -> list[dict[str, Any]]:
-        """``split`` is train, dev or test (English), or test in ``lang``."""
+        """``split`` is train, dev or test (English), or test or dev in ``lang`` (a local task's ``dev.{lang}``: for
+        choosing settings without a test set)."""
         if self.local is not None:
-            return self.local.load("test", lang) if split == "test" else self.local.load(split)
+            if split == "test" or (split == "dev" and lang != "en"):
+                return self.local.load(split, lang)
+            return self.local.load(split)
         spec = self.spec
         assert spec is not None
         if split in ("train", "dev"):
