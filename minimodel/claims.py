@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import reduce
 from statistics import fmean as mean
 
 from minimodel.analysis import (
@@ -301,10 +302,7 @@ def extension_claims(res: Results, task: str, variants: Mapping[str, VariantInfo
 
 
 def _all(verdicts: list[str]) -> str:
-    out = verdicts[0]
-    for v in verdicts[1:]:
-        out = _both(out, v)
-    return out
+    return reduce(_both, verdicts)
 
 
 def claims_table(res: Results, depths: Mapping[str, int] | None = None, tasks: Sequence[str] | None = None,

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from minimodel.errors import UserError
-from minimodel.model import PRIMARY, RobertaMLM
+from minimodel.model import PRIMARY, ModelConfig, RobertaMLM
 
 if TYPE_CHECKING:
     from minimodel.checkpoints import Adaptation
@@ -71,31 +71,32 @@ def extract_mini(model: RobertaMLM, depth: int, head: str | None = None) -> Robe
     head = head or f"l{depth}"
     if model.cfg.head_depth(head) != depth:
         raise ValueError(f"head {head!r} sits after layer {model.cfg.head_depth(head)}, not {depth}")
-    mini = RobertaMLM(replace(model.cfg, layers=depth, mini_heads=[]))
-    _copy_into(mini.embeddings, model.embeddings)
-    for i in range(depth):
-        _copy_into(mini.layers[i], model.layers[i])
-    _copy_into(mini.heads[PRIMARY], model.heads[head])
-    mini.tie_weights()
-    return mini
+    return staged_body(model, [head])[0]
 
 
 def staged_body(model: RobertaMLM, heads: Sequence[str]) -> tuple[RobertaMLM, dict[str, str]]:
     """The body of progressive adaptation: embeddings + layers 1..D (D: the deepest of ``heads``) with the
     heads in ``heads`` (the deepest as its primary head, the others under their names). Weights are copied.
     Returns the body and, for each head of ``model`` in ``heads``, its name in the body."""
-    depths = {h: model.cfg.head_depth(h) for h in heads}
-    deepest = max(depths, key=depths.get)  # type: ignore[arg-type]
-    others = sorted(d for h, d in depths.items() if h != deepest)
-    body = RobertaMLM(replace(model.cfg, layers=depths[deepest], mini_heads=others))
+    names = staged_names(model.cfg, heads)
+    depth = max(model.cfg.head_depth(h) for h in heads)
+    others = sorted(int(name[1:]) for name in names.values() if name != PRIMARY)
+    body = RobertaMLM(replace(model.cfg, layers=depth, mini_heads=others))
     _copy_into(body.embeddings, model.embeddings)
-    for i in range(depths[deepest]):
+    for i in range(depth):
         _copy_into(body.layers[i], model.layers[i])
-    names = {h: PRIMARY if h == deepest else f"l{d}" for h, d in depths.items()}
     for h, name in names.items():
         _copy_into(body.heads[name], model.heads[h])
     body.tie_weights()
     return body, names
+
+
+def staged_names(cfg: ModelConfig, heads: Sequence[str]) -> dict[str, str]:
+    """The name each of ``heads`` (of a model with config ``cfg``) has in its ``staged_body``: the deepest is the
+    body's primary head, the others keep ``l{N}``."""
+    depths = {h: cfg.head_depth(h) for h in heads}
+    deepest = max(depths, key=depths.get)  # type: ignore[arg-type]
+    return {h: PRIMARY if h == deepest else f"l{d}" for h, d in depths.items()}
 
 
 def tie_biases(model: RobertaMLM) -> None:

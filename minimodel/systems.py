@@ -132,7 +132,7 @@ def _validate_schedule(cfg: ExperimentConfig, s: System, fail: Callable[[str], N
         if phase.until <= 0 or (phase.until > 1 and phase.until != int(phase.until)):
             fail(f"{where}.until={phase.until}: a fraction of adapt.optim.updates in (0, 1] or a whole number of "
                  f"updates (0 only on the last phase: to the end)")
-        ends.append(round(phase.until * updates) if phase.until <= 1 else int(phase.until))
+        ends.append(phase_end(phase.until, updates))
         if not (ends[-2] if len(ends) > 1 else 0) < ends[-1] <= updates:
             fail(f"{where}.until={phase.until} ends at update {ends[-1]}: phases must end after the previous one "
                  f"and at most at adapt.optim.updates ({updates})")
@@ -151,6 +151,11 @@ class Phase:
     end: int
 
 
+def phase_end(until: float, updates: int) -> int:
+    """The update a phase ends at: ``until`` as a fraction of ``updates`` when <= 1, else an update count."""
+    return round(until * updates) if until <= 1 else int(until)
+
+
 def adapt_phases(cfg: ExperimentConfig) -> list[Phase]:
     """Step 2's phases: those of ``adapt.schedule`` (progressive adaptation), else one over ``adapt_head``."""
     updates = cfg.adapt.optim.updates
@@ -159,7 +164,7 @@ def adapt_phases(cfg: ExperimentConfig) -> list[Phase]:
     out, start = [], 0
     for i, p in enumerate(cfg.adapt.schedule):
         last = i == len(cfg.adapt.schedule) - 1
-        end = updates if last else (round(p.until * updates) if p.until <= 1 else int(p.until))
+        end = updates if last else phase_end(p.until, updates)
         out.append(Phase(p.head, cfg.model.head_depth(p.head), start, end))
         start = end
     return out

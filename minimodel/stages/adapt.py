@@ -35,6 +35,7 @@ from minimodel.surgery import (
     overlap_init,
     primary_only,
     staged_body,
+    staged_names,
     swap_embeddings,
     tie_biases,
 )
@@ -74,8 +75,8 @@ def phase_heads(cfg: ExperimentConfig) -> list[tuple[Phase, str]]:
     phases = adapt_phases(cfg)
     if not cfg.adapt.schedule:
         return [(phases[0], PRIMARY)]
-    deepest = max(phases, key=lambda p: p.depth)
-    return [(p, PRIMARY if p is deepest else f"l{p.depth}") for p in phases]
+    names = staged_names(cfg.model, [p.head for p in phases])
+    return [(p, names[p.head]) for p in phases]
 
 
 def phase_at(phases: list[tuple[Phase, str]], step: int) -> tuple[Phase, str]:
