@@ -189,6 +189,9 @@ class AdaptConfig:
     # the share of the target corpus' training blocks step 2 may use (its first ones), e.g. 0.1 for a low-data
     # setting; validation blocks are the same whatever the share
     data_fraction: float = 1.0
+    # names a step-2 variant that shares steps 1, 1b and 3 with the untagged system (a low-data adaptation, say):
+    # its adaptation runs and results go under {label}@{tag} (with a head of a multi-head model: {label}@{head}+{tag})
+    tag: str = ""
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
@@ -293,29 +296,47 @@ def load_yaml_mapping(path: Path, what: str = "config file", error: type[ConfigE
     return cfg
 
 
-def _compose(path: Path, conf_dir: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, DictConfig]]:
-    """(source, fragment) pairs in merge order: the defaults (recursively), then the file itself.
+def _compose(path: Path, conf_dir: Path, seen: tuple[Path, ...] = (), experiment: bool = True
+             ) -> list[tuple[str, DictConfig]]:
+    """(source, fragment) pairs in merge order: the experiment it ``extends`` (recursively), the defaults
+    (recursively), then the file itself.
 
     In an experiment file ``- group: name`` lands under ``group``; in a base file it lands at that
-    file's own level (``conf/model/roberta-small.yaml`` can start from ``- model: roberta-base``)."""
-    if path in seen:
-        raise ConfigError(f"{path}: defaults loop through {[str(s) for s in seen]}")
+    file's own level (``conf/model/roberta-small.yaml`` can start from ``- model: roberta-base``).
+    ``extends: other.yaml`` (a path relative to the file) starts an experiment from another one: the file then
+    holds only what differs (a list, such as ``sweep``, replaces the other's whole list)."""
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: defaults/extends loop through {[str(s) for s in seen]}")
     cfg = load_yaml_mapping(path)
     parts: list[tuple[str, DictConfig]] = []
+    parent = cfg.pop("extends", None)
+    if parent is not None:
+        if not experiment:
+            raise ConfigError(f"{path}: 'extends' is for experiment files; a file in conf/ starts from another "
+                              f"with a defaults entry")
+        if not isinstance(parent, str) or not parent:
+            raise ConfigError(f"{path}: 'extends' must name one experiment file (e.g. extends: study.yaml), "
+                              f"got {parent!r}")
+        base = path.parent / parent
+        if not base.is_file():
+            options = sorted(p.name for p in path.parent.glob("*.yaml") if p != path)
+            raise ConfigError(f"{path}: extends: {parent}: no file {base} (experiments beside it: {options})")
+        parts += _compose(base, conf_dir, seen + (path.resolve(),))
     defaults = cfg.pop("defaults", [])
     if not isinstance(defaults, (ListConfig, list)):
         raise ConfigError(f"{path}: 'defaults' must be a list of 'group: name' entries")
     for entry in defaults:
         if not isinstance(entry, DictConfig) or len(entry) != 1:
-            raise ConfigError(f"{path}: bad defaults entry {entry!r}; expected 'group: name' or 'group@key.path: name'")
+            raise ConfigError(f"{path}: bad defaults entry {entry!r}; expected 'group: name' or 'group@key.path: name' "
+                              f"(to start from another experiment file: extends: other.yaml)")
         (spec, name), = entry.items()
         group, _, package = str(spec).partition("@")
-        package = package or (group if not seen else "")
+        package = package or (group if experiment else "")
         base = conf_dir / group / f"{name}.yaml"
         if not base.is_file():
             options = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
             raise ConfigError(f"{path}: defaults entry '{spec}: {name}': no file {base} (available: {options})")
-        for source, fragment in _compose(base, conf_dir, seen + (path,)):
+        for source, fragment in _compose(base, conf_dir, seen + (path.resolve(),), experiment=False):
             if package:
                 wrapped = OmegaConf.create({})
                 OmegaConf.update(wrapped, package, fragment, force_add=True)
@@ -335,7 +356,7 @@ def model_preset(name: str, vocab_size: int = 50_000, conf_dir: Path | None = No
                           f"(available: {sorted(p.stem for p in (conf_dir / 'model').glob('*.yaml'))})")
     cfg: DictConfig = OmegaConf.structured(ExperimentConfig)
     cfg.data.vocab_size = vocab_size
-    for source, fragment in [*_compose(path, conf_dir, seen=(conf_dir,)), ("overrides", OmegaConf.create(overrides))]:
+    for source, fragment in [*_compose(path, conf_dir, experiment=False), ("overrides", OmegaConf.create(overrides))]:
         cfg = _merge(cfg, OmegaConf.create({"model": fragment}), source)
     OmegaConf.resolve(cfg)
     return ModelConfig(**OmegaConf.to_container(cfg.model))  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ Nothing here imports torch."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +40,11 @@ def variants(config: str | Path, overrides: list[str]) -> list[Variant]:
         return [Variant(runs(base).label, list(overrides), base)]
     out = []
     for entry in base.sweep:
-        extra = [*overrides, *entry.split()]
+        try:
+            words = shlex.split(entry)  # key=value words; quote a value holding spaces: k='[{a: 1}, {a: 2}]'
+        except ValueError as e:
+            raise ConfigError(f"{config}: sweep entry {entry!r}: {e}") from e
+        extra = [*overrides, *words]
         cfg = load_config(config, extra)
         out.append(Variant(runs(cfg).label, extra, cfg))
     labels = [v.label for v in out]
@@ -77,8 +82,10 @@ def plan(config: str | Path, overrides: list[str] | None = None) -> list[Step]:
             primary = shared[r.pretrain]
         body = primary
         if "bridge" in steps_of:
-            steps.append(step("bridge", "bridge", ["bridge"], [primary], True))
-            body = p + "bridge"
+            if r.bridge not in shared:
+                steps.append(step("bridge", "bridge", ["bridge"], [primary], True))
+                shared[r.bridge] = p + "bridge"
+            body = shared[r.bridge]
             if r.pretrain is None:
                 primary = body  # an external primary model: steps 3-4 wait for the bridge's checks of it
         adapts = []

@@ -10,6 +10,8 @@ code only for what is really new (a new ``Body`` kind needs a loader in ``stages
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -85,6 +87,8 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     if cfg.pretrain.forget_every and not s.forgetting:
         fail(f"pretrain.forget_every (active forgetting) is for {', '.join(n for n, x in REGISTRY.items() if x.forgetting)}"
              f", not {s.name}")
+    if cfg.adapt.tag and not re.fullmatch(r"[A-Za-z0-9_-]+", cfg.adapt.tag):
+        fail(f"adapt.tag={cfg.adapt.tag!r}: use letters, digits, '-' and '_' (it names run directories)")
     head = cfg.adapt.head
     if cfg.adapt.schedule:
         _validate_schedule(cfg, s, fail)
@@ -212,15 +216,17 @@ def mini_head(cfg: ExperimentConfig) -> str:
 def head_label(cfg: ExperimentConfig) -> str:
     """The name of this system's adaptation runs and results: ``cfg.label``, or ``{label}@{head}`` when step 2 runs
     over a head other than the default (a model with several secondary heads, or ``adapt.head=primary`` on a
-    MiniJoint model), ``{label}@progressive`` with ``adapt.schedule``. Pretraining and the finetuned primary models
-    stay under ``cfg.label``, shared by every head."""
-    if of(cfg).body is not Body.HEAD:
-        return cfg.label
-    if cfg.adapt.schedule:
-        return f"{cfg.label}@progressive"
-    if len(cfg.model.mini_heads) > 1 or adapt_head(cfg) == PRIMARY:
-        return f"{cfg.label}@{adapt_head(cfg)}"
-    return cfg.label
+    MiniJoint model), ``{label}@progressive`` with ``adapt.schedule``; ``adapt.tag`` adds ``+{tag}`` (``{label}@{tag}``
+    alone). Pretraining and the finetuned primary models stay under ``cfg.label``, shared by every head and tag."""
+    parts = []
+    if of(cfg).body is Body.HEAD:
+        if cfg.adapt.schedule:
+            parts.append("progressive")
+        elif len(cfg.model.mini_heads) > 1 or adapt_head(cfg) == PRIMARY:
+            parts.append(adapt_head(cfg))
+    if cfg.adapt.tag:
+        parts.append(cfg.adapt.tag)
+    return f"{cfg.label}@{'+'.join(parts)}" if parts else cfg.label
 
 
 @dataclass(frozen=True)
@@ -236,7 +242,8 @@ class Runs:
 
     @property
     def bridge(self) -> Path:
-        return self.layout.bridge(self.label)
+        """Step 1b's run: a bridge system's step-2 body (one per system run, shared by its ``adapt.tag`` variants)."""
+        return self.body
 
     def adapt(self, lang: str) -> Path:
         return self.layout.adapt(self.label, lang)

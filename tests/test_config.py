@@ -94,3 +94,30 @@ def test_resolved_config_round_trips(tmp_path):
     save_config(cfg, tmp_path / "config.yaml")
     text = (tmp_path / "config.yaml").read_text()
     assert "updates: 9" in text and "${" not in text
+
+
+def test_an_experiment_extends_another(tmp_path, monkeypatch):
+    """``extends:`` starts from another experiment file (its defaults and values) and holds only what differs;
+    what the extended file does not say keeps the other's value; unknown files and loops are errors naming them."""
+    base = experiment_outside_repo(tmp_path, monkeypatch, "base.yaml",
+                                   "defaults:\n  - model: tiny\n  - data: demo\nname: base\nsystem: minijoint\nmodel:\n  hidden: 48\n"
+                                   "  mini_heads: [1]\ntarget_langs: [de, fr]\nsweep: ['tag=a', 'tag=b']\n")
+    child = base.parent / "child.yaml"
+    child.write_text("extends: base.yaml\nname: child\ntarget_langs: [tr]\nsweep: ['tag=c']\n")
+    cfg, parent = load_config(child), load_config(base)
+    assert (cfg.name, cfg.system, cfg.model.hidden, cfg.model.layers) == ("child", "minijoint", 48, parent.model.layers)
+    assert (cfg.target_langs, cfg.sweep) == (["tr"], ["tag=c"])  # lists replace the other's
+    assert load_config(child, ["model.hidden=32"]).model.hidden == 32  # overrides come last
+    grandchild = base.parent / "grandchild.yaml"
+    grandchild.write_text("extends: child.yaml\npretrain:\n  optim: {updates: 7}\n")
+    g = load_config(grandchild)
+    assert (g.name, g.model.hidden, g.pretrain.optim.updates) == ("child", 48, 7)
+    (base.parent / "missing.yaml").write_text("extends: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match=r"missing.yaml: extends: nowhere.yaml: no file .*base.yaml"):
+        load_config(base.parent / "missing.yaml")
+    (base.parent / "loop.yaml").write_text("extends: loop.yaml\n")
+    with pytest.raises(ConfigError, match=r"loop.yaml: defaults/extends loop"):
+        load_config(base.parent / "loop.yaml")
+    (base.parent / "old.yaml").write_text("defaults:\n  - base\n")
+    with pytest.raises(ConfigError, match=r"bad defaults entry .*extends: other.yaml"):
+        load_config(base.parent / "old.yaml")

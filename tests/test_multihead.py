@@ -129,6 +129,30 @@ def test_one_pretraining_serves_every_head_in_the_plan(tmp_path):
         variants(exp, [])
 
 
+def test_an_adaptation_tag_shares_steps_1_1b_and_3(tmp_path):
+    """``adapt.tag`` names a step-2 variant (a low-data adaptation): its own adaptation runs and results, the
+    untagged system's pretraining, bridge and finetuned models."""
+    exp = tmp_path / "sweep.yaml"
+    exp.write_text(TINY_EXP.read_text() + "\nsweep:\n  - \"system=minipost model.mini_heads=[] bridge.depth=2\"\n"
+                   "  - \"system=minipost model.mini_heads=[] bridge.depth=2 adapt.data_fraction=0.1 adapt.tag=low\"\n"
+                   "  - \"model.mini_heads=[1,2] adapt.head=l2\"\n"
+                   "  - \"model.mini_heads=[1,2] adapt.head=l2 adapt.data_fraction=0.1 adapt.tag=low\"\n")
+    (tmp_path / "conf").symlink_to(ROOT / "conf")
+    vs = variants(exp, [])
+    assert [v.label for v in vs] == ["minipost", "minipost@low", "minijoint@l2", "minijoint@l2+low"]
+    r = [runs(v.cfg) for v in vs]
+    assert r[1].bridge == r[0].bridge and r[1].adapt("de") != r[0].adapt("de")
+    assert r[1].finetune("xnli", 1) == r[0].finetune("xnli", 1) and r[1].results != r[0].results
+    assert r[3].pretrain == r[2].pretrain and r[3].adapt("de").parent.parent.name == "minijoint@l2+low"
+    steps = plan(exp, [])
+    assert [s.name for s in steps if s.stage in ("pretrain", "bridge")] == [
+        "minipost:pretrain", "minipost:bridge", "minijoint@l2:pretrain"]
+    assert next(s for s in steps if s.name == "minipost@low:adapt-de").after == ("minipost:bridge",)
+    assert not [s for s in steps if s.stage == "finetune" and s.name.startswith(("minipost@low:", "minijoint@l2+low:"))]
+    with pytest.raises(ConfigError, match="adapt.tag='a/b'"):
+        tiny_config(tmp_path, tmp_path, "adapt.tag=a/b")
+
+
 def test_flops_state_the_compute_one_multi_head_pretraining_saves(tmp_path):
     cfg = tiny_config(tmp_path, tmp_path, "model.mini_heads=[1,2,3]", "adapt.head=l1")
     m, d, p = cfg.model, cfg.data, cfg.pretrain.optim
