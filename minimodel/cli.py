@@ -141,6 +141,17 @@ def cmd_flops(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     return ""
 
 
+def cmd_export(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
+    from minimodel.export import export, push_to_hub
+
+    out = export(cfg, Path(args.out), step=args.step, embeddings_only=args.embeddings_only,
+                 embeddings_from=args.embeddings, force=args.force)
+    if args.push_to_hub:
+        push_to_hub(out, args.push_to_hub)
+    print(out)
+    return ""
+
+
 # each returns "", or the signal that stopped a training stage early (exit 3: requeue / rerun to resume)
 COMMANDS: dict[str, tuple[Callable[[ExperimentConfig, argparse.Namespace], str], str]] = {
     "prepare": (cmd_prepare, "train tokenizers and encode corpora into token shards"),
@@ -153,6 +164,8 @@ COMMANDS: dict[str, tuple[Callable[[ExperimentConfig, argparse.Namespace], str],
     "run": (cmd_run, "every step of the experiment in order (skips finished steps, resumes the others)"),
     "submit": (cmd_submit, "write one sbatch script per step and submit them with afterok dependencies"),
     "flops": (cmd_flops, "print the experiment's training cost (paper formulas A1, A3, A4)"),
+    "export": (cmd_export, "a transformers model + fast tokenizer with a language's embeddings (lang=xx [step=N] "
+                           "[task=T seed=S]), or the embeddings alone (--embeddings-only)"),
 }
 
 
@@ -172,7 +185,23 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "submit":
             s.add_argument("--launcher", default="local", help="conf/launcher/NAME.yaml or a path (cluster resources)")
             s.add_argument("--dry-run", action="store_true", help="write and print the scripts, submit nothing")
+        if name == "export":
+            s.add_argument("--out", required=True, help="the directory to write (new or empty)")
+            s.add_argument("--embeddings-only", action="store_true",
+                           help="write the embeddings, output bias, tokenizer and provenance only")
+            s.add_argument("--embeddings", default="", help="plug this --embeddings-only export in instead of "
+                                                            "the experiment's own adaptation")
+            s.add_argument("--force", action="store_true", help="replace an earlier export in --out")
+            s.add_argument("--push-to-hub", default="", metavar="REPO", help="upload the export (huggingface_hub)")
     return p
+
+
+def _int_arg(item: str) -> int:
+    key, _, value = item.partition("=")
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"{key}={value!r}: expected a number of updates (e.g. {key}=500)") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides = [*args.overrides, *extra]
     logs.setup()
     try:
+        if args.command == "export":  # step=N picks an adaptation checkpoint: not a config key
+            steps = [o for o in args.overrides if o.startswith("step=")]
+            args.overrides = [o for o in args.overrides if o not in steps]
+            args.step = _int_arg(steps[-1]) if steps else None
         cfg = load_config(args.config, args.overrides)
         stopped = COMMANDS[args.command][0](cfg, args)
     except StepFailed as e:

@@ -183,6 +183,19 @@ def from_hf(path: str | Path) -> RobertaMLM:
     return model.eval()
 
 
+def _hf_config(cfg: ModelConfig, xlmr: bool = False, **extra: Any) -> Any:
+    tf = _transformers()
+    config_cls = tf.XLMRobertaConfig if xlmr else tf.RobertaConfig
+    return config_cls(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads, intermediate_size=cfg.ffn, max_position_embeddings=cfg.max_positions,
+        hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attn_dropout,
+        layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_std, hidden_act="gelu",
+        type_vocab_size=1, pad_token_id=cfg.pad_id, bos_token_id=0, eos_token_id=2, tie_word_embeddings=True,
+        **extra,
+    )
+
+
 def to_hf(model: RobertaMLM, path: str | Path, xlmr: bool = False) -> None:
     """Save ``model`` as a HF ``RobertaForMaskedLM`` (``XLMRobertaForMaskedLM`` if ``xlmr``) directory.
 
@@ -190,19 +203,53 @@ def to_hf(model: RobertaMLM, path: str | Path, xlmr: bool = False) -> None:
     are a single zero row (``type_vocab_size=1``), bos/eos ids are 0/2, pad is ``model.cfg.pad_id``.
     """
     tf = _transformers()
-    cfg = model.cfg
-    config_cls, model_cls = (
-        (tf.XLMRobertaConfig, tf.XLMRobertaForMaskedLM) if xlmr else (tf.RobertaConfig, tf.RobertaForMaskedLM)
-    )
-    hf_config = config_cls(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads, intermediate_size=cfg.ffn, max_position_embeddings=cfg.max_positions,
-        hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attn_dropout,
-        layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_std, hidden_act="gelu",
-        type_vocab_size=1, pad_token_id=cfg.pad_id, bos_token_id=0, eos_token_id=2, tie_word_embeddings=True,
-    )
-    hf_model = model_cls(hf_config)
+    model_cls = tf.XLMRobertaForMaskedLM if xlmr else tf.RobertaForMaskedLM
+    hf_model = model_cls(_hf_config(model.cfg, xlmr))
     hf_model.load_state_dict(our_state_dict_to_hf(model), strict=True)
     hf_model.tie_weights()
     Path(path).mkdir(parents=True, exist_ok=True)
     hf_model.save_pretrained(str(path))
+
+
+def task_to_hf(body: RobertaMLM, head: torch.nn.Module, labels: list[str], qa: bool, path: str | Path) -> None:
+    """Save a finetuned body and task head as ``RobertaForSequenceClassification`` (``ClassificationHead`` ->
+    ``classifier.dense`` / ``classifier.out_proj``, label names as ``id2label``) or ``RobertaForQuestionAnswering``
+    (``SpanHead.out`` -> ``qa_outputs``) directory; the MLM head is left out."""
+    tf = _transformers()
+    encoder = {k: v for k, v in our_state_dict_to_hf(body).items() if k.startswith("roberta.")}
+    heads = {k: v.detach().cpu() for k, v in head.state_dict().items()}
+    if qa:
+        hf_model = tf.RobertaForQuestionAnswering(_hf_config(body.cfg, num_labels=2))
+        theirs = {"qa_outputs.weight": heads["out.weight"], "qa_outputs.bias": heads["out.bias"]}
+    else:
+        names = [str(label) for label in labels]
+        hf_model = tf.RobertaForSequenceClassification(_hf_config(
+            body.cfg, num_labels=len(names), id2label=dict(enumerate(names)),
+            label2id={n: i for i, n in enumerate(names)}))
+        theirs = {f"classifier.{hf}.{p}": heads[f"{mine}.{p}"]
+                  for mine, hf in (("dense", "dense"), ("out", "out_proj")) for p in ("weight", "bias")}
+    hf_model.load_state_dict({**encoder, **theirs}, strict=True)
+    Path(path).mkdir(parents=True, exist_ok=True)
+    hf_model.save_pretrained(str(path))
+
+
+def fast_tokenizer(sentencepiece_model: str | Path, model_max_length: int) -> Any:
+    """A ``transformers`` fast tokenizer that gives a SentencePiece model's ids (our ``Tokenizer``): its pieces
+    and scores as a ``tokenizers`` Unigram/BPE model with SentencePiece's normalisation (``transformers``'
+    converter), RoBERTa's templates ``<s> A </s>`` and ``<s> A </s></s> B </s>``, and the special tokens
+    ``<s> <pad> </s> <unk> <mask>`` at ids 0-4."""
+    tf = _transformers()
+    from tokenizers import processors
+    from transformers.convert_slow_tokenizer import SpmConverter
+
+    class _Source:  # what the converter reads from a slow tokenizer: the model file
+        vocab_file = str(sentencepiece_model)
+        add_prefix_space = True
+
+    tok = SpmConverter(_Source()).converted()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", 0), ("</s>", 2)])
+    return tf.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
+        unk_token="<unk>", pad_token="<pad>", mask_token="<mask>", model_max_length=model_max_length)

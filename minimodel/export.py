@@ -1,0 +1,148 @@
+"""`minimodel export`: an adapted model out of minimodel, into ``transformers``.
+
+``minimodel export CONFIG lang=de [step=N] [task=T seed=S] --out DIR`` writes a standard ``transformers``
+directory: the primary model with the target language's embeddings (``RobertaForMaskedLM``), or with
+``task``/``seed`` the finetuned model of step 3 with them (``RobertaForSequenceClassification`` with the task's
+label names, ``RobertaForQuestionAnswering``), the language's SentencePiece model as a fast tokenizer with the
+same ids (``hf.fast_tokenizer``), and ``minimodel.json`` (where it came from). ``step`` picks an adaptation
+checkpoint (default: the last). ``--embeddings-only`` writes the small artifact instead: ``embeddings.pt`` (the
+adaptation checkpoint: embeddings, output bias, tokenizer identity, step, FLOPs), the SentencePiece model and
+``minimodel.json``; ``--embeddings DIR`` plugs such an artifact (from any experiment whose primary model it was
+trained for) into this experiment's primary or finetuned model. ``--push-to-hub REPO`` uploads the directory with
+``huggingface_hub`` (not tested here: no network)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from minimodel.checkpoints import Adaptation, CheckpointError, atomic_torch_save, load_adaptation, load_finetuned
+from minimodel.config import ConfigError, ExperimentConfig
+from minimodel.data.tokenizer import Tokenizer, TokenizerError
+from minimodel.layout import adaptation_checkpoints, checkpoint_step, finetuned_model
+from minimodel.log import get_logger
+from minimodel.surgery import PlugError, plug_embeddings
+from minimodel.systems import runs
+
+log = get_logger(__name__)
+
+EMBEDDINGS, TOKENIZER, PROVENANCE = "embeddings.pt", "sentencepiece.model", "minimodel.json"
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """Target-language embeddings with the tokenizer they were trained with."""
+
+    adapted: Adaptation
+    tokenizer: Tokenizer
+    source: str  # the checkpoint or artifact they were read from
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        a = self.adapted
+        return {"system": a.system, "lang": a.lang, "step": int(a.step), "flops": float(a.flops),
+                "v100_days": float(a.v100_days), "phase": a.phase, "primary": a.primary, "body": a.body,
+                "body_layers": a.body_layers, "vocab_size": int(a.embeddings.shape[0]),
+                "hidden": int(a.embeddings.shape[1]), "tokenizer_sha256": a.tokenizer["sha256"], "from": self.source}
+
+
+def adapted_embeddings(cfg: ExperimentConfig, step: int | None = None) -> Embeddings:
+    """The embeddings of ``cfg.lang``'s adaptation run at update ``step`` (default: its last checkpoint)."""
+    from minimodel.data.prepare import load_prepared_tokenizer
+    from minimodel.stages.evaluate import check_adaptation
+
+    if not cfg.lang:
+        raise ConfigError("export needs lang=xx: the target language whose embeddings to export")
+    run = runs(cfg).adapt(cfg.lang)
+    found = {checkpoint_step(p): p for p in adaptation_checkpoints(run)}
+    if not found:
+        raise CheckpointError(f"no adaptation checkpoints in {run}: run `minimodel adapt ... lang={cfg.lang}` first")
+    if step is not None and step not in found:
+        raise CheckpointError(f"{run} has no adaptation checkpoint at step {step}; it has steps {sorted(found)}")
+    path = found[max(found) if step is None else step]
+    adapted = load_adaptation(path)
+    check_adaptation(adapted, cfg, cfg.lang, path)
+    tok = load_prepared_tokenizer(cfg, cfg.lang)
+    if not isinstance(tok, Tokenizer):
+        raise TokenizerError(f"{cfg.lang}: only SentencePiece tokenizers (those `minimodel prepare` trains) export")
+    return Embeddings(adapted, tok, str(path))
+
+
+def load_artifact(directory: str | Path) -> Embeddings:
+    """An ``--embeddings-only`` export: the adaptation checkpoint and its SentencePiece model."""
+    d = Path(directory)
+    for name in (EMBEDDINGS, TOKENIZER):
+        if not (d / name).is_file():
+            raise CheckpointError(f"{d} is not an embeddings export: it lacks {name} "
+                                  f"(write one with `minimodel export ... --embeddings-only --out {d}`)")
+    return Embeddings(load_adaptation(d / EMBEDDINGS), Tokenizer(d / TOKENIZER), str(d))
+
+
+def _write_provenance(out: Path, emb: Embeddings, **extra: Any) -> None:
+    (out / PROVENANCE).write_text(json.dumps({**emb.provenance, **extra}, indent=1) + "\n")
+
+
+def _fresh(out: Path, force: bool) -> None:
+    """``out`` ready to write: a new or empty directory, or (``force``) one this command wrote before."""
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise ConfigError(f"--out {out} exists and is not empty: choose another directory (or --force to "
+                              f"replace an earlier export)")
+        if not (out / PROVENANCE).is_file():
+            raise ConfigError(f"--out {out} holds files that are not a minimodel export: not replacing them")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def export(cfg: ExperimentConfig, out: Path, step: int | None = None, embeddings_only: bool = False,
+           embeddings_from: str = "", force: bool = False) -> Path:
+    """Write the export (see the module docstring) to ``out`` and return it."""
+    from minimodel.hf import fast_tokenizer, task_to_hf, to_hf
+    from minimodel.stages.bridge import load_primary
+
+    emb = load_artifact(embeddings_from) if embeddings_from else adapted_embeddings(cfg, step)
+    if embeddings_only and embeddings_from:
+        raise ConfigError("--embeddings-only with --embeddings: the artifact is already an embeddings export")
+    _fresh(out, force)
+    tok = emb.tokenizer
+    if embeddings_only:
+        atomic_torch_save(emb.adapted.to_dict(), out / EMBEDDINGS)
+        shutil.copyfile(tok.path, out / TOKENIZER)
+        _write_provenance(out, emb, kind="embeddings")
+        log.info(f"{emb.adapted.lang} embeddings ({emb.provenance['vocab_size']} x {emb.provenance['hidden']}, "
+                 f"step {emb.adapted.step}) -> {out}")
+        return out
+    r = runs(cfg)
+    if cfg.task:
+        model_path = finetuned_model(r.finetune(cfg.task, cfg.seed))
+        if not model_path.is_file():
+            raise CheckpointError(f"{model_path} not found: run `minimodel finetune ... task={cfg.task} "
+                                  f"seed={cfg.seed}` first")
+        body, head, finetuned = load_finetuned(model_path)
+        plug_embeddings(body, emb.adapted, tok.sha256, tok.vocab_size)
+        task_to_hf(body.eval(), head.eval(), list(finetuned.labels), finetuned.qa, out)
+        what = {"kind": "question-answering" if finetuned.qa else "text-classification", "task": cfg.task,
+                "seed": cfg.seed, "labels": [str(x) for x in finetuned.labels], "finetuned": str(model_path)}
+    else:
+        model, _ = load_primary(r.primary)
+        plug_embeddings(model, emb.adapted, tok.sha256, tok.vocab_size)
+        to_hf(model.eval(), out)
+        what = {"kind": "fill-mask", "primary_model": r.primary}
+        body = model
+    fast_tokenizer(tok.path, body.cfg.max_positions - 2).save_pretrained(str(out))
+    _write_provenance(out, emb, **what)
+    log.info(f"{what['kind']} model, {emb.adapted.lang} embeddings of step {emb.adapted.step} -> {out}")
+    return out
+
+
+def push_to_hub(out: Path, repo: str) -> None:  # pragma: no cover - needs the network and credentials
+    """Upload an export directory to the Hugging Face hub."""
+    try:
+        from huggingface_hub import HfApi
+    except ImportError as e:
+        raise PlugError("--push-to-hub needs huggingface_hub: pip install huggingface_hub") from e
+    HfApi().create_repo(repo, exist_ok=True)
+    HfApi().upload_folder(folder_path=str(out), repo_id=repo)

@@ -1,0 +1,174 @@
+"""Export to transformers: the fast tokenizer gives our SentencePiece ids, the exported masked LM gives our logits,
+the exported classifier our predictions (and the accuracy `minimodel evaluate` wrote), and an embeddings-only
+export plugs into the primary model to the same result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from minimodel.cli import main
+from minimodel.config import load_config
+from minimodel.data.prepare import load_prepared_tokenizer
+from minimodel.data.tokenizer import Tokenizer
+from minimodel.export import PROVENANCE, adapted_embeddings, load_artifact
+from minimodel.hf import fast_tokenizer
+from minimodel.stages.bridge import load_primary
+from minimodel.surgery import plug_embeddings
+from minimodel.systems import runs
+from tests.conftest import ROOT, TINY_STAGE, real_text, stage_overrides, tiny_config, tiny_overrides
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow
+
+LOHELP = ROOT / "data" / "demo" / "task" / "lohelp"
+
+
+def texts(lang: str) -> list[str]:
+    """Bundled German / Turkish text: the task's test pages and a slice of the corpus, line by line."""
+    task = [json.loads(line)["text"] for line in (LOHELP / f"test.{lang}.jsonl").read_text().splitlines()]
+    return task + [line for line in real_text(lang, 60_000).splitlines() if line.strip()]
+
+
+def score(tok: Tokenizer, ids: list[int]) -> float:
+    return sum(tok.sp.get_score(i) for i in ids)
+
+
+@pytest.mark.parametrize("lang", ["de", "tr"])
+def test_the_fast_tokenizer_gives_our_ids(prepared, corpus_dir, lang):
+    """Every text gets our ids, but for ties between equally scored segmentations (SentencePiece and
+    ``tokenizers`` break a tie of the Viterbi search differently: "…." as "...", "." or ".", "..."): then both
+    spell the same pieces' text with the same score."""
+    ours = load_prepared_tokenizer(tiny_config(prepared, corpus_dir, prepared=prepared), lang)
+    hf = fast_tokenizer(ours.path, 510)
+    lines = texts(lang)
+    ties = 0
+    for text in lines:
+        mine, theirs = ours.encode_one(text), hf(text, add_special_tokens=False)["input_ids"]
+        if mine != theirs:
+            ties += 1
+            assert ours.decode(mine) == ours.decode(theirs) and score(ours, mine) == pytest.approx(score(ours, theirs))
+    assert len(lines) > 500 and ties <= len(lines) // 200, f"{ties} of {len(lines)} differ"
+    pair = hf("Eins zwei", "drei")["input_ids"]
+    assert pair == [0, *ours.encode_one("Eins zwei"), 2, 2, *ours.encode_one("drei"), 2]  # RoBERTa's template
+    assert [hf.bos_token_id, hf.pad_token_id, hf.eos_token_id, hf.unk_token_id, hf.mask_token_id] == [0, 1, 2, 3, 4]
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, prepared, corpus_dir):
+    """A tiny BL_BASE: pretrained, adapted to German, finetuned on the LibreOffice-help task, evaluated."""
+    from minimodel.stages.adapt import run_adapt
+    from minimodel.stages.evaluate import run_evaluate
+    from minimodel.stages.finetune import run_finetune
+    from minimodel.stages.pretrain import run_pretrain
+
+    tmp = tmp_path_factory.mktemp("export")
+    extra = [*stage_overrides(["pretrain", "adapt"], updates=8, **TINY_STAGE, ckpt_every=4, val_every=8),
+             "system=bl_base", "model.mini_heads=[]", "target_langs=[de]", f"tasks.lohelp.source={LOHELP}",
+             "tasks.lohelp.kind=local", "tasks.lohelp.max_train_examples=64", "tasks.lohelp.max_len=64",
+             "finetune.tasks=[lohelp]", "finetune.seeds=[1]", "finetune.epochs=1", "finetune.batch_size=8",
+             "finetune.micro_batch=8", "finetune.trainer.accelerator=cpu", "finetune.trainer.precision=32-true"]
+    cfg = tiny_config(tmp, corpus_dir, *extra, prepared=prepared)
+    run_pretrain(cfg, progress_bar=False)
+    run_adapt(tiny_config(tmp, corpus_dir, *extra, "lang=de", prepared=prepared), progress_bar=False)
+    run_finetune(cfg, "lohelp", 1, progress_bar=False)
+    run_evaluate(cfg, progress=False)
+    args = [str(ROOT / "experiments" / "tiny.yaml"), *tiny_overrides(tmp, corpus_dir, prepared), *extra]
+    return tmp, cfg, args
+
+
+def test_the_exported_masked_lm_gives_our_logits(finetuned, tmp_path):
+    tmp, cfg, args = finetuned
+    out = tmp_path / "de-mlm"
+    assert main(["export", *args, "lang=de", "--out", str(out)]) == 0
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
+    assert type(model).__name__ == "RobertaForMaskedLM"
+    lang_cfg = load_config(args[0], [*args[1:], "lang=de"])
+    emb = adapted_embeddings(lang_cfg)
+    assert emb.adapted.step == 8
+    ours, _ = load_primary(runs(lang_cfg).primary)
+    plug_embeddings(ours, emb.adapted, emb.tokenizer.sha256, emb.tokenizer.vocab_size)
+    ours.eval()
+    sentences = texts("de")[:8]
+    batch = tok(sentences, padding=True, truncation=True, max_length=64, return_tensors="pt")
+    with torch.no_grad():
+        theirs = model(**batch).logits
+        mine = ours.mlm_logits(batch["input_ids"])
+    real = batch["attention_mask"].bool()
+    assert (theirs[real] - mine[real]).abs().max().item() < 1e-5
+    provenance = json.loads((out / PROVENANCE).read_text())
+    assert (provenance["system"], provenance["lang"], provenance["step"], provenance["kind"]) == (
+        "bl_base", "de", 8, "fill-mask")
+    assert emb.adapted.flops > 0 and provenance["flops"] == pytest.approx(emb.adapted.flops)
+    filled = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out))("Wählen Sie<mask>.")
+    assert len(filled) == 5 and all("token_str" in f for f in filled)
+
+    # an earlier step, a step that is not there, an --out that holds other files
+    assert main(["export", *args, "lang=de", "step=4", "--out", str(tmp_path / "step4")]) == 0
+    assert json.loads((tmp_path / "step4" / PROVENANCE).read_text())["step"] == 4
+    assert main(["export", *args, "lang=de", "step=5", "--out", str(tmp_path / "x")]) == 2
+    assert main(["export", *args, "lang=de", "--out", str(out)]) == 2  # not empty: nothing replaced
+    assert main(["export", *args, "lang=de", "--out", str(out), "--force"]) == 0
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    assert main(["export", *args, "lang=de", "--out", str(tmp_path / "mine"), "--force"]) == 2
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_the_exported_classifier_predicts_what_evaluate_scored(finetuned, tmp_path):
+    from minimodel.analysis import load_results
+    from minimodel.data.tasks import TaskData
+
+    tmp, cfg, args = finetuned
+    out = tmp_path / "de-cls"
+    assert main(["export", *args, "lang=de", "task=lohelp", "seed=1", "--out", str(out)]) == 0
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+    data = TaskData("lohelp", cfg.tasks["lohelp"])
+    assert list(model.config.id2label.values()) == list(data.labels)
+    records = data.records("test", "de")
+    from minimodel.checkpoints import load_finetuned
+    from minimodel.layout import finetuned_model
+
+    body, head, _ = load_finetuned(finetuned_model(runs(cfg).finetune("lohelp", 1)))
+    emb = adapted_embeddings(load_config(args[0], [*args[1:], "lang=de"]))
+    plug_embeddings(body, emb.adapted, emb.tokenizer.sha256, emb.tokenizer.vocab_size)
+    body.eval(), head.eval()
+    predicted, gap = [], 0.0
+    for i in range(0, len(records), 64):
+        chunk = [r["text"] for r in records[i:i + 64]]
+        batch = tok(chunk, padding=True, truncation=True, max_length=64, return_tensors="pt")
+        with torch.no_grad():
+            theirs = model(**batch).logits
+            gap = max(gap, (theirs - head(body.encode(batch["input_ids"]))).abs().max().item())
+        predicted += theirs.argmax(-1).tolist()
+    assert gap < 1e-5
+    gold = [f["label"] for f in data.features(records, load_prepared_tokenizer(cfg, "de"))]
+    accuracy = 100.0 * sum(p == g for p, g in zip(predicted, gold)) / len(gold)
+    res = load_results(Path(cfg.runs_dir), cfg.name)
+    final = res.final("bl_base", "lohelp", "de")
+    assert final is not None and accuracy == pytest.approx(final.score, abs=1e-4)  # evaluate's is a float32
+    label = transformers.pipeline("text-classification", model=str(out), tokenizer=str(out))(records[0]["text"], truncation=True)
+    assert label[0]["label"] in data.labels
+
+
+def test_embeddings_alone_plug_into_the_primary_model(finetuned, tmp_path):
+    tmp, cfg, args = finetuned
+    art = tmp_path / "de-embeddings"
+    assert main(["export", *args, "lang=de", "--embeddings-only", "--out", str(art)]) == 0
+    assert sorted(p.name for p in art.iterdir()) == ["embeddings.pt", "minimodel.json", "sentencepiece.model"]
+    assert sum(p.stat().st_size for p in art.iterdir()) < 600_000
+    emb = load_artifact(art)
+    assert (emb.adapted.lang, emb.adapted.step, emb.tokenizer.vocab_size) == ("de", 8, 1000)
+    direct, plugged = tmp_path / "direct", tmp_path / "plugged"
+    assert main(["export", *args, "lang=de", "--out", str(direct)]) == 0
+    assert main(["export", *args, "--embeddings", str(art), "--out", str(plugged)]) == 0
+    a = transformers.AutoModelForMaskedLM.from_pretrained(direct).state_dict()
+    b = transformers.AutoModelForMaskedLM.from_pretrained(plugged).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (direct / "tokenizer.json").read_text() == (plugged / "tokenizer.json").read_text()
+    assert main(["export", *args, "--embeddings", str(tmp_path / "nothing"), "--out", str(tmp_path / "y")]) == 2
