@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -454,6 +455,8 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     def fail(msg: str) -> None:
         raise ConfigError(f"{source}: {msg}")
 
+    if cfg.adapt.tag and not re.fullmatch(r"[A-Za-z0-9_-]+", cfg.adapt.tag):
+        fail(f"adapt.tag={cfg.adapt.tag!r}: use letters, digits, '-' and '_' (it names run directories)")
     _validate_sizes(cfg, fail)
     if cfg.model.max_positions < cfg.data.seq_len + 2:
         fail(f"model.max_positions ({cfg.model.max_positions}) must be at least data.seq_len + 2 ({cfg.data.seq_len + 2})")

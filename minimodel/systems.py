@@ -10,8 +10,6 @@ code only for what is really new (a new ``Body`` kind needs a loader in ``stages
 
 from __future__ import annotations
 
-import re
-
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -87,8 +85,6 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     if cfg.pretrain.forget_every and not s.forgetting:
         fail(f"pretrain.forget_every (active forgetting) is for {', '.join(n for n, x in REGISTRY.items() if x.forgetting)}"
              f", not {s.name}")
-    if cfg.adapt.tag and not re.fullmatch(r"[A-Za-z0-9_-]+", cfg.adapt.tag):
-        fail(f"adapt.tag={cfg.adapt.tag!r}: use letters, digits, '-' and '_' (it names run directories)")
     head = cfg.adapt.head
     if cfg.adapt.schedule:
         _validate_schedule(cfg, s, fail)
