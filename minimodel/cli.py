@@ -124,6 +124,11 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
                         variants=variant_infos(args.config, args.overrides))
     print(summary(cfg.runs_dir, cfg.name, baselines=baselines))
     print(f"report: {path}")
+    from minimodel.results import ResultsTable
+    from minimodel.wandb_results import log_report
+
+    rows = [row for f in sorted(Path(cfg.runs_dir, cfg.name).glob("*/results.jsonl")) for row in ResultsTable(f).rows()]
+    log_report(cfg, path, rows)
     return ""
 
 

@@ -5,6 +5,7 @@ export plugs into the primary model to the same result."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,45 @@ def test_embeddings_alone_plug_into_the_primary_model(finetuned, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (direct / "tokenizer.json").read_text() == (plugged / "tokenizer.json").read_text()
     assert main(["export", *args, "--embeddings", str(tmp_path / "nothing"), "--out", str(tmp_path / "y")]) == 2
+
+
+def test_results_on_wandb_offline_read_back(finetuned, tmp_path, monkeypatch):
+    """A tiny evaluation and report with wandb offline: the runs' logged values, read back from wandb's own
+    transaction logs, are the results rows; the report run holds the report's tables."""
+    from minimodel.results import ResultsTable
+    from minimodel.wandb_results import offline_runs, read_history
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for k in ("WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(k, raising=False)
+    tmp, cfg, args = finetuned
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(Path(cfg.runs_dir), runs_dir, ignore=shutil.ignore_patterns("results.jsonl", "wandb"))
+    wb = [*args, f"runs_dir={runs_dir}", "logging.wandb=offline"]
+    assert main(["evaluate", *wb]) == 0
+    results = runs_dir / cfg.name / "bl_base"
+    rows = ResultsTable(results / "results.jsonl").rows()
+    found = offline_runs(results)
+    assert list(found) == ["bl_base:lohelp:s1"]
+    history, summary = read_history(found["bl_base:lohelp:s1"][0])
+    logged = [h for h in history if "lohelp/de/accuracy" in h]
+    zero_shot = [r for r in rows if r["step"] >= 0]
+    assert len(logged) == len(zero_shot) == 3  # steps 0, 4, 8
+    for h, r in zip(logged, zero_shot):
+        assert (h["lohelp/de/accuracy"], h["lohelp/de/adapt_step"]) == (pytest.approx(r["value"]), r["step"])
+        assert h["lohelp/de/v100_days"] == pytest.approx(r["v100_days"]) and h["lohelp/de/flops"] == pytest.approx(r["flops"])
+    english = {f"lohelp/en/primary/{r['split']}/{r['metric']}": r["value"] for r in rows if r["step"] < 0}
+    assert english and all(summary[k] == pytest.approx(v) for k, v in english.items())
+    table = next(h for h in history if "results/path" in h)
+    data = json.loads((found["bl_base:lohelp:s1"][0] / "files" / table["results/path"]).read_text())
+    columns = data["columns"]
+    assert sorted(tuple(dict(zip(columns, row)).items()) for row in data["data"]) == sorted(
+        tuple(sorted(r.items())) for r in rows)
+
+    assert main(["report", *wb]) == 0
+    report = offline_runs(runs_dir / cfg.name)
+    assert list(report) == ["report"]
+    history, _ = read_history(report["report"][0])
+    keys = {k.split("/")[1] for h in history for k in h if k.startswith("tables/")}
+    assert any("Table 2" in k or "Table_2" in k for k in keys), keys
+    assert any(k.startswith("plots/") for h in history for k in h)

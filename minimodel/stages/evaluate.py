@@ -27,6 +27,7 @@ from minimodel.log import get_logger
 from minimodel.results import KEY, ResultsTable
 from minimodel.surgery import PlugError, plug_embeddings
 from minimodel.systems import Runs, of, runs
+from minimodel.wandb_results import ResultsLogger
 
 log = get_logger(__name__)
 
@@ -75,10 +76,14 @@ def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
     """Every missing result row of the system, holding the lock of its results (one writer)."""
     r = runs(cfg)
     with exclusive(r.results.parent, f"evaluation of {r.label}"):
-        return _evaluate(cfg, r, progress)
+        wandb = ResultsLogger(cfg, r.label, r.results.parent)
+        try:
+            return _evaluate(cfg, r, progress, wandb)
+        finally:
+            wandb.close()
 
 
-def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool) -> Path:
+def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogger) -> Path:
     table = ResultsTable(r.results)
     done = table.keys()
     tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
@@ -99,6 +104,8 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool) -> Path:
     english = [row for task in tasks for seed in seeds for body in bodies
                for row in english_rows(cfg, task, seed, body) if tuple(row[k] for k in KEY) not in done]
     table.append(english)
+    for key in dict.fromkeys((row["task"], row["seed"], row["body"]) for row in english):
+        wandb.log([row for row in english if (row["task"], row["seed"], row["body"]) == key])
     todo = [p for p in plan if (r.label, "primary", p[0], p[2], p[1], checkpoint_step(p[3])) not in done]
     log.info(f"evaluate {r.label}: {len(plan)} (task, seed, language, checkpoint) evaluations, "
              f"{len(plan) - len(todo)} already in {table.path}")
@@ -129,7 +136,9 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool) -> Path:
         base = {"system": r.label, "body": "primary", "task": task, "lang": lang, "seed": seed,
                 "step": int(adapted.step), "flops": float(adapted.flops), "v100_days": float(adapted.v100_days),
                 "split": "test"}
-        table.append({**base, "metric": m, "value": v} for m, v in scores.items())
+        rows = [{**base, "metric": m, "value": v} for m, v in scores.items()]
+        table.append(rows)
+        wandb.log(rows)
         bar.update(1)
     bar.close()
     if todo:
