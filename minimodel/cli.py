@@ -67,8 +67,9 @@ def cmd_finetune(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
 def cmd_evaluate(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.stages.evaluate import run_evaluate
 
-    print(run_evaluate(cfg, progress=not args.no_progress))
-    return ""
+    done = run_evaluate(cfg, progress=not args.no_progress)
+    print(done.path)
+    return done.stopped
 
 
 class StepFailed(RuntimeError):

@@ -183,12 +183,13 @@ def step_command(step: Step, launcher: LauncherConfig) -> list[str]:
     args = list(step.args)
     if step.stage in TRAINER_STAGES:
         args += [f"{step.stage}.trainer.{kv}" for kv in launcher.trainer]
-    if step.distributed and r.gpus_per_node > 0:
+    if step.distributed and r.gpus_per_node > 0 and step.stage in TRAINER_STAGES:
         args += [f"{step.stage}.trainer.devices={r.gpus_per_node}", f"{step.stage}.trainer.num_nodes={r.nodes}",
-                 f"{step.stage}.trainer.accelerator=gpu", "--no-progress"]
-        # srun has not inherited sbatch's --cpus-per-task since SLURM 22.05: ask again
-        return ["srun", f"--cpus-per-task={r.cpus_per_task}", "minimodel", *args]
-    return ["minimodel", *args, "--no-progress"]
+                 f"{step.stage}.trainer.accelerator=gpu"]
+    # every step is a job step of srun (one task per GPU of a distributed step, else one), so that SLURM's USR1
+    # before the time limit (--signal without B:) reaches it whatever the device; srun has not inherited sbatch's
+    # --cpus-per-task since SLURM 22.05: ask again
+    return ["srun", f"--cpus-per-task={r.cpus_per_task}", "minimodel", *args, "--no-progress"]
 
 
 def sbatch_script(step: Step, launcher: LauncherConfig, run_root: str | Path, *, stem: str | None = None,

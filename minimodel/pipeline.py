@@ -22,7 +22,7 @@ class Step:
     stage: str  # prepare | pretrain | bridge | adapt | finetune | evaluate | report (picks cluster resources)
     args: tuple[str, ...]  # `minimodel` arguments: (command, config, key=value, ...)
     after: tuple[str, ...] = ()
-    distributed: bool = False  # a multi-GPU training step (srun + DDP)
+    distributed: bool = False  # a multi-GPU step: training (srun + DDP) or evaluation (one process per GPU)
 
 
 @dataclass
@@ -88,10 +88,6 @@ def plan(config: str | Path, overrides: list[str] | None = None) -> list[Step]:
             body = shared[r.bridge]
             if r.pretrain is None:
                 primary = body  # an external primary model: steps 3-4 wait for the bridge's checks of it
-        adapts = []
-        for lang in cfg.target_langs:
-            steps.append(step(f"adapt-{lang}", "adapt", ["adapt", f"lang={lang}"], [body], True))
-            adapts.append(p + f"adapt-{lang}")
         finetunes = []
         for task in cfg.finetune.tasks:
             for seed in cfg.finetune.seeds:
@@ -107,7 +103,12 @@ def plan(config: str | Path, overrides: list[str] | None = None) -> list[Step]:
                     steps.append(step(f"finetune-mini-{task}-s{seed}", "finetune",
                                       ["finetune", f"task={task}", f"seed={seed}", "body=mini"], [primary]))
                     finetunes.append(p + f"finetune-mini-{task}-s{seed}")
-        steps.append(step("evaluate", "evaluate", ["evaluate"], adapts + finetunes))
-        evaluations.append(p + "evaluate")
+        # step 4 per language, as soon as that language's embeddings and the finetuned models are there (one
+        # process per GPU when the launcher gives the job several)
+        for lang in cfg.target_langs:
+            steps.append(step(f"adapt-{lang}", "adapt", ["adapt", f"lang={lang}"], [body], True))
+            steps.append(step(f"evaluate-{lang}", "evaluate", ["evaluate", f"lang={lang}"],
+                              [p + f"adapt-{lang}", *finetunes], True))
+            evaluations.append(p + f"evaluate-{lang}")
     steps.append(Step("report", "report", ("report", config, *overrides), tuple(evaluations)))
     return steps

@@ -5,6 +5,7 @@ flops and v100_days (of adaptation up to that step), split, metric, value."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections.abc import Iterable
@@ -81,14 +82,56 @@ class ResultsTable:
             if not data.endswith(b"\n"):
                 f.truncate(data.rfind(b"\n") + 1)
 
-    def append(self, rows: Iterable[dict]) -> None:
-        """Append rows (all of one evaluation together) and make them durable."""
-        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-        if not text:
-            return
+    def append(self, rows: Iterable[dict]) -> list[dict]:
+        """Append the rows (all of one evaluation together) that the file does not hold yet, and make them durable.
+        Several processes may append to one file (one evaluation per language, one per GPU): each append holds the
+        file's lock, so rows never interleave and a row another process wrote meanwhile is not written twice.
+        Returns the rows written."""
+        rows = list(rows)
+        if not rows:
+            return []
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._repair()
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        with open(self.path, "a+", encoding="utf-8") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                self._repair()
+                held = self._held_ids()
+                new = [r for r in rows if row_id(r) not in held]
+                text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in new)
+                if text:
+                    f.seek(0, os.SEEK_END)
+                    f.write(text)
+                    f.flush()
+                    os.fsync(f.fileno())
+                    held.update(row_id(r) for r in new)
+                    self._offset = f.tell()
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return new
+
+    def _held_ids(self) -> set[tuple]:
+        """The ids of the rows in the file, reading only what was appended since the last call (others may append)."""
+        if not hasattr(self, "_held"):
+            self._held: set[tuple] = set()
+            self._offset = 0
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if size < self._offset:  # cut by a repair: read again
+            self._held, self._offset = set(), 0
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read(size - self._offset)
+        end = data.rfind(b"\n") + 1
+        for line in data[:end].splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if is_row(row):
+                self._held.add(row_id(row))
+        self._offset += end
+        return self._held
+
+
+def row_id(r: dict) -> tuple:
+    """What one row is a result of: ``KEY`` plus split and metric (a row's value may be written once)."""
+    return (*(r.get(k) for k in KEY), r.get("split"), r.get("metric"))

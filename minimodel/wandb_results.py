@@ -2,11 +2,13 @@
 
 Runs, in the experiment's project (``logging.project``, default ``minimodel-{name}``):
 
-* one run per system, task and finetuning seed, named ``{system}:{task}:s{seed}``, in the group ``{system}``:
-  per target language ``{task}/{lang}/{metric}`` (the zero-shot score) with ``{task}/{lang}/v100_days`` (its
-  cumulative step-2 compute, the default x-axis) and ``{task}/{lang}/adapt_step``; a line plot of
-  ``{task}/{lang}/accuracy`` over runs grouped by group is the paper's Figure 3, one line per system with a band over
-  the seeds. English scores (Table 5) go to the run's summary; at the end a ``results`` Table holds every row.
+* one run per system, task, language and finetuning seed, named ``{system}:{task}:{lang}:s{seed}``, in the group
+  ``{system}``: ``{task}/{lang}/{metric}`` (the zero-shot score) with ``{task}/{lang}/v100_days`` (its cumulative
+  step-2 compute, the default x-axis), ``{task}/{lang}/adapt_step`` and ``{task}/{lang}/flops``; a line plot of
+  ``{task}/{lang}/accuracy`` over runs grouped by group is the paper's Figure 3, one line per system with a band
+  over the seeds. English scores (Table 5) go to the summary of the run ``{system}:{task}:en:s{seed}``; each run
+  ends with a ``results`` Table of its rows. (Per language, so that the evaluations of one language, one job or
+  one GPU each, never share a run.)
 * ``report``: every table of the Markdown report (Tables 2-5, time to target, speedups, claims) as a wandb Table,
   every plot as an image, every result row as a Table, and report.md itself.
 
@@ -52,22 +54,23 @@ def _init(cfg: ExperimentConfig, directory: Path, key: str, name: str, group: st
 
 
 class ResultsLogger:
-    """Logs result rows as evaluation writes them (one wandb run per system, task and seed; see the module)."""
+    """Logs result rows as evaluation writes them (one wandb run per system, task, language and seed; see the
+    module)."""
 
     def __init__(self, cfg: ExperimentConfig, system: str, directory: Path) -> None:
         self.cfg, self.system, self.directory = cfg, system, directory
         self.enabled = _mode(cfg) != "disabled"
         self.run: Any = None
-        self.key: tuple[str, int] | None = None
+        self.key: tuple[str, str, int] | None = None
         self.rows: list[dict] = []
         self.defined: set[str] = set()
 
-    def _open(self, task: str, seed: int) -> Any:
-        if self.key != (task, seed):
+    def _open(self, task: str, lang: str, seed: int) -> Any:
+        if self.key != (task, lang, seed):
             self.close()
-            self.run = _init(self.cfg, self.directory, f"{self.system}:{task}:{seed}", f"{self.system}:{task}:s{seed}",
-                             self.system, "evaluate")
-            self.key, self.defined = (task, seed), set()
+            name = f"{self.system}:{task}:{lang}:s{seed}"
+            self.run = _init(self.cfg, self.directory, name, name, self.system, "evaluate")
+            self.key, self.defined = (task, lang, seed), set()
         return self.run
 
     def log(self, rows: list[dict]) -> None:
@@ -75,7 +78,7 @@ class ResultsLogger:
         if not self.enabled or not rows:
             return
         first = rows[0]
-        run = self._open(first["task"], first["seed"])
+        run = self._open(first["task"], first["lang"], first["seed"])
         prefix = f"{first['task']}/{first['lang']}"
         if first["step"] < 0:  # English scores of the finetuned model (Table 5)
             for r in rows:
@@ -204,7 +207,7 @@ def read_history(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 
 def offline_runs(directory: Path) -> dict[str, list[Path]]:
-    """The offline runs written under ``directory`` by name (``{system}:{task}:s{seed}``, ``report``): a resumed run
+    """The offline runs written under ``directory`` by name (``{system}:{task}:{lang}:s{seed}``, ``report``): a resumed run
     has one ``offline-run-*`` directory per process that logged to it, oldest first."""
     out: dict[str, list[Path]] = {}
     for run_dir in sorted(Path(directory).glob("wandb/offline-run-*")):

@@ -92,3 +92,29 @@ def prepared(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Path
     for lang in ("en", "de", "tr"):
         prepare_language(cfg, lang, progress=False)
     return tmp
+
+
+@pytest.fixture(scope="session")
+def tiny_finetuned(tmp_path_factory: pytest.TempPathFactory, prepared: Path, corpus_dir: Path):
+    """A tiny BL_BASE: pretrained, adapted to German and Turkish, finetuned on the LibreOffice-help task (seeds 1
+    and 2), evaluated. Returns (directory, config, the `minimodel` arguments that name it)."""
+    from minimodel.stages.adapt import run_adapt
+    from minimodel.stages.evaluate import run_evaluate
+    from minimodel.stages.finetune import run_finetune
+    from minimodel.stages.pretrain import run_pretrain
+
+    tmp = tmp_path_factory.mktemp("export")
+    extra = [*stage_overrides(["pretrain", "adapt"], updates=8, **TINY_STAGE, ckpt_every=4, val_every=8),
+             "system=bl_base", "model.mini_heads=[]", "target_langs=[de,tr]",
+             f"tasks.lohelp.source={ROOT / 'data/demo/task/lohelp'}", "tasks.lohelp.kind=local", "tasks.lohelp.max_train_examples=64", "tasks.lohelp.max_len=64",
+             "finetune.tasks=[lohelp]", "finetune.seeds=[1,2]", "finetune.epochs=1", "finetune.batch_size=8",
+             "finetune.micro_batch=8", "finetune.trainer.accelerator=cpu", "finetune.trainer.precision=32-true"]
+    cfg = tiny_config(tmp, corpus_dir, *extra, prepared=prepared)
+    run_pretrain(cfg, progress_bar=False)
+    for lang in ("de", "tr"):
+        run_adapt(tiny_config(tmp, corpus_dir, *extra, f"lang={lang}", prepared=prepared), progress_bar=False)
+    for seed in (1, 2):
+        run_finetune(cfg, "lohelp", seed, progress_bar=False)
+    run_evaluate(cfg, progress=False)
+    args = [str(ROOT / "experiments" / "tiny.yaml"), *tiny_overrides(tmp, corpus_dir, prepared), *extra]
+    return tmp, cfg, args

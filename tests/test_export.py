@@ -20,7 +20,7 @@ from minimodel.hf import fast_tokenizer
 from minimodel.stages.bridge import load_primary
 from minimodel.surgery import plug_embeddings
 from minimodel.systems import runs
-from tests.conftest import ROOT, TINY_STAGE, real_text, stage_overrides, tiny_config, tiny_overrides
+from tests.conftest import ROOT, real_text, tiny_config
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
@@ -58,31 +58,8 @@ def test_the_fast_tokenizer_gives_our_ids(prepared, corpus_dir, lang):
     assert [hf.bos_token_id, hf.pad_token_id, hf.eos_token_id, hf.unk_token_id, hf.mask_token_id] == [0, 1, 2, 3, 4]
 
 
-@pytest.fixture(scope="module")
-def finetuned(tmp_path_factory, prepared, corpus_dir):
-    """A tiny BL_BASE: pretrained, adapted to German, finetuned on the LibreOffice-help task, evaluated."""
-    from minimodel.stages.adapt import run_adapt
-    from minimodel.stages.evaluate import run_evaluate
-    from minimodel.stages.finetune import run_finetune
-    from minimodel.stages.pretrain import run_pretrain
-
-    tmp = tmp_path_factory.mktemp("export")
-    extra = [*stage_overrides(["pretrain", "adapt"], updates=8, **TINY_STAGE, ckpt_every=4, val_every=8),
-             "system=bl_base", "model.mini_heads=[]", "target_langs=[de]", f"tasks.lohelp.source={LOHELP}",
-             "tasks.lohelp.kind=local", "tasks.lohelp.max_train_examples=64", "tasks.lohelp.max_len=64",
-             "finetune.tasks=[lohelp]", "finetune.seeds=[1]", "finetune.epochs=1", "finetune.batch_size=8",
-             "finetune.micro_batch=8", "finetune.trainer.accelerator=cpu", "finetune.trainer.precision=32-true"]
-    cfg = tiny_config(tmp, corpus_dir, *extra, prepared=prepared)
-    run_pretrain(cfg, progress_bar=False)
-    run_adapt(tiny_config(tmp, corpus_dir, *extra, "lang=de", prepared=prepared), progress_bar=False)
-    run_finetune(cfg, "lohelp", 1, progress_bar=False)
-    run_evaluate(cfg, progress=False)
-    args = [str(ROOT / "experiments" / "tiny.yaml"), *tiny_overrides(tmp, corpus_dir, prepared), *extra]
-    return tmp, cfg, args
-
-
-def test_the_exported_masked_lm_gives_our_logits(finetuned, tmp_path):
-    tmp, cfg, args = finetuned
+def test_the_exported_masked_lm_gives_our_logits(tiny_finetuned, tmp_path):
+    tmp, cfg, args = tiny_finetuned
     out = tmp_path / "de-mlm"
     assert main(["export", *args, "lang=de", "--out", str(out)]) == 0
     tok = transformers.AutoTokenizer.from_pretrained(out)
@@ -120,11 +97,11 @@ def test_the_exported_masked_lm_gives_our_logits(finetuned, tmp_path):
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
 
 
-def test_the_exported_classifier_predicts_what_evaluate_scored(finetuned, tmp_path):
+def test_the_exported_classifier_predicts_what_evaluate_scored(tiny_finetuned, tmp_path):
     from minimodel.analysis import load_results
     from minimodel.data.tasks import TaskData
 
-    tmp, cfg, args = finetuned
+    tmp, cfg, args = tiny_finetuned
     out = tmp_path / "de-cls"
     assert main(["export", *args, "lang=de", "task=lohelp", "seed=1", "--out", str(out)]) == 0
     tok = transformers.AutoTokenizer.from_pretrained(out)
@@ -157,8 +134,8 @@ def test_the_exported_classifier_predicts_what_evaluate_scored(finetuned, tmp_pa
     assert label[0]["label"] in data.labels
 
 
-def test_embeddings_alone_plug_into_the_primary_model(finetuned, tmp_path):
-    tmp, cfg, args = finetuned
+def test_embeddings_alone_plug_into_the_primary_model(tiny_finetuned, tmp_path):
+    tmp, cfg, args = tiny_finetuned
     art = tmp_path / "de-embeddings"
     assert main(["export", *args, "lang=de", "--embeddings-only", "--out", str(art)]) == 0
     assert sorted(p.name for p in art.iterdir()) == ["embeddings.pt", "minimodel.json", "sentencepiece.model"]
@@ -175,7 +152,7 @@ def test_embeddings_alone_plug_into_the_primary_model(finetuned, tmp_path):
     assert main(["export", *args, "--embeddings", str(tmp_path / "nothing"), "--out", str(tmp_path / "y")]) == 2
 
 
-def test_results_on_wandb_offline_read_back(finetuned, tmp_path, monkeypatch):
+def test_results_on_wandb_offline_read_back(tiny_finetuned, tmp_path, monkeypatch):
     """A tiny evaluation and report with wandb offline: the runs' logged values, read back from wandb's own
     transaction logs, are the results rows; the report run holds the report's tables."""
     from minimodel.results import ResultsTable
@@ -184,7 +161,7 @@ def test_results_on_wandb_offline_read_back(finetuned, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     for k in ("WANDB_API_KEY", "WANDB_BASE_URL"):
         monkeypatch.delenv(k, raising=False)
-    tmp, cfg, args = finetuned
+    tmp, cfg, args = tiny_finetuned
     runs_dir = tmp_path / "runs"
     shutil.copytree(Path(cfg.runs_dir), runs_dir, ignore=shutil.ignore_patterns("results.jsonl", "wandb"))
     wb = [*args, f"runs_dir={runs_dir}", "logging.wandb=offline"]
@@ -192,21 +169,23 @@ def test_results_on_wandb_offline_read_back(finetuned, tmp_path, monkeypatch):
     results = runs_dir / cfg.name / "bl_base"
     rows = ResultsTable(results / "results.jsonl").rows()
     found = offline_runs(results)
-    assert list(found) == ["bl_base:lohelp:s1"]
-    history, summary = read_history(found["bl_base:lohelp:s1"][0])
+    assert sorted(found) == sorted(f"bl_base:lohelp:{lang}:s{seed}" for lang in ("de", "en", "tr") for seed in (1, 2))
+    history, _ = read_history(found["bl_base:lohelp:de:s1"][0])
     logged = [h for h in history if "lohelp/de/accuracy" in h]
-    zero_shot = [r for r in rows if r["step"] >= 0]
+    zero_shot = [r for r in rows if r["step"] >= 0 and r["lang"] == "de" and r["seed"] == 1]
     assert len(logged) == len(zero_shot) == 3  # steps 0, 4, 8
     for h, r in zip(logged, zero_shot):
         assert (h["lohelp/de/accuracy"], h["lohelp/de/adapt_step"]) == (pytest.approx(r["value"]), r["step"])
         assert h["lohelp/de/v100_days"] == pytest.approx(r["v100_days"]) and h["lohelp/de/flops"] == pytest.approx(r["flops"])
-    english = {f"lohelp/en/primary/{r['split']}/{r['metric']}": r["value"] for r in rows if r["step"] < 0}
+    _, summary = read_history(found["bl_base:lohelp:en:s1"][0])
+    english = {f"lohelp/en/primary/{r['split']}/{r['metric']}": r["value"] for r in rows
+               if r["step"] < 0 and r["seed"] == 1}
     assert english and all(summary[k] == pytest.approx(v) for k, v in english.items())
     table = next(h for h in history if "results/path" in h)
-    data = json.loads((found["bl_base:lohelp:s1"][0] / "files" / table["results/path"]).read_text())
+    data = json.loads((found["bl_base:lohelp:de:s1"][0] / "files" / table["results/path"]).read_text())
     columns = data["columns"]
     assert sorted(tuple(dict(zip(columns, row)).items()) for row in data["data"]) == sorted(
-        tuple(sorted(r.items())) for r in rows)
+        tuple(sorted(r.items())) for r in zero_shot)
 
     assert main(["report", *wb]) == 0
     report = offline_runs(runs_dir / cfg.name)

@@ -114,13 +114,16 @@ def test_shipped_launchers_load():
 def test_submit_minijoint(fake_slurm: Path, tmp_path: Path, capsys: pytest.CaptureFixture):
     overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
     steps = plan(MINIJOINT, overrides)
-    assert [s.name for s in steps] == ["prepare", "pretrain", "adapt-de", "adapt-tr", "finetune-xnli-s1",
-                                       "finetune-xnli-s2", "evaluate", "report"]
+    assert [s.name for s in steps] == ["prepare", "pretrain", "finetune-xnli-s1", "finetune-xnli-s2", "adapt-de",
+                                       "evaluate-de", "adapt-tr", "evaluate-tr", "report"]
+    # a language is evaluated as soon as its embeddings and the finetuned models are there
+    assert next(s for s in steps if s.name == "evaluate-de").after == ("adapt-de", "finetune-xnli-s1",
+                                                                       "finetune-xnli-s2")
     jobs = submit(MINIJOINT, overrides, launcher="a100")
     sbatch = calls(fake_slurm, "sbatch")
     ids = check_dependencies(steps, sbatch)
     assert jobs == list(ids.items())  # "1000;fakecluster" -> "1000"
-    assert "submitted adapt-de: job 1002 after pretrain=1001" in capsys.readouterr().out
+    assert "submitted adapt-de: job 1004 after pretrain=1001" in capsys.readouterr().out
 
     slurm = tmp_path / "runs" / "paper" / "slurm"
     for i, (step, call) in enumerate(zip(steps, sbatch)):
@@ -137,20 +140,24 @@ def test_submit_minijoint(fake_slurm: Path, tmp_path: Path, capsys: pytest.Captu
         assert "#SBATCH --requeue" in script and "#SBATCH --open-mode=append" in script
         assert "source .venv/bin/activate" in script
         cmd = command_of(script)
-        if step.distributed:
-            assert cmd[0] == "srun" and "minimodel" in cmd
-            args = cmd[cmd.index("minimodel") + 1:]
-            s = step.stage
+        # every step runs under srun, so that USR1 before the time limit reaches it
+        assert cmd[:2] == ["srun", f"--cpus-per-task={sbatch_option(script, 'cpus-per-task')}"]
+        args = cmd[cmd.index("minimodel") + 1:]
+        s = step.stage
+        if step.distributed and s != "evaluate":
             assert args == [*step.args, f"{s}.trainer.devices=8", f"{s}.trainer.num_nodes=1",
                             f"{s}.trainer.accelerator=gpu", "--no-progress"]
             assert (sbatch_option(script, "nodes"), sbatch_option(script, "ntasks-per-node"),
                     sbatch_option(script, "gres")) == ("1", "8", "gpu:8")
+        elif s == "evaluate":  # one process per GPU the launcher gives it (a100: 1), over disjoint checkpoints
+            assert args == [*step.args, "--no-progress"] and "lang=" in " ".join(step.args)
+            assert sbatch_option(script, "ntasks-per-node") == sbatch_option(script, "gres").split(":")[1] == "1"
         else:
-            assert cmd == ["minimodel", *step.args, "--no-progress"]
+            assert args == [*step.args, "--no-progress"]
             assert sbatch_option(script, "ntasks-per-node") == "1"
             assert sbatch_option(script, "gres") == (None if step.stage in ("prepare", "report") else "gpu:1")
     # the list override survives the shell
-    adapt = (slurm / "02-adapt-de.sbatch").read_text()
+    adapt = (slurm / "04-adapt-de.sbatch").read_text()
     assert "'target_langs=[de,tr]'" in adapt and "'finetune.seeds=[1,2]'" in adapt
 
 
@@ -178,13 +185,15 @@ def test_sweep_gives_steps_per_variant(fake_slurm: Path, tmp_path: Path, monkeyp
     names = [n for n, _ in jobs]
     assert names == [s.name for s in steps]
     for v in ("minijoint-n2", "minijoint-n6"):
-        for name in ("pretrain", "adapt-de", "adapt-tr", "finetune-xnli-s1", "finetune-xnli-s2", "evaluate"):
+        for name in ("pretrain", "adapt-de", "adapt-tr", "finetune-xnli-s1", "finetune-xnli-s2", "evaluate-de",
+                     "evaluate-tr"):
             assert f"{v}:{name}" in names
     assert names[0] == "prepare" and names[-1] == "report"
     ids = check_dependencies(steps, calls(fake_slurm, "sbatch"))
     by_name = {s.name: s for s in steps}
     assert by_name["minijoint-n6:adapt-de"].after == ("minijoint-n6:pretrain",)
-    assert by_name["report"].after == ("minijoint-n2:evaluate", "minijoint-n6:evaluate")
+    assert by_name["report"].after == ("minijoint-n2:evaluate-de", "minijoint-n2:evaluate-tr",
+                                       "minijoint-n6:evaluate-de", "minijoint-n6:evaluate-tr")
     i = names.index("minijoint-n6:adapt-de")
     script = (tmp_path / "runs" / "paper" / "slurm" / f"{i:02d}-minijoint-n6.adapt-de.sbatch").read_text()
     assert sbatch_option(script, "job-name") == "paper-minijoint-n6.adapt-de"
@@ -200,11 +209,12 @@ def test_dry_run_submits_nothing(fake_slurm: Path, tmp_path: Path, capsys: pytes
     jobs = submit(MINIJOINT, overrides, launcher="h100", dry_run=True)
     out = capsys.readouterr().out
     assert calls(fake_slurm, "sbatch") == []
-    assert [j for _, j in jobs] == [""] * len(jobs) == [""] * 8
-    assert out.count("#!/bin/bash") == 8
-    assert "--dependency=afterok:<adapt-de>:<adapt-tr>:<finetune-xnli-s1>:<finetune-xnli-s2>" in out
+    assert [j for _, j in jobs] == [""] * len(jobs) == [""] * 9
+    assert out.count("#!/bin/bash") == 9
+    assert "--dependency=afterok:<adapt-de>:<finetune-xnli-s1>:<finetune-xnli-s2>" in out  # evaluate-de
+    assert "--dependency=afterok:<evaluate-de>:<evaluate-tr>" in out  # the report
     assert "nothing submitted" in out
-    assert len(list((tmp_path / "runs" / "paper" / "slurm").glob("*.sbatch"))) == 8
+    assert len(list((tmp_path / "runs" / "paper" / "slurm").glob("*.sbatch"))) == 9
 
 
 @pytest.fixture
@@ -289,7 +299,7 @@ def test_sbatch_failure_says_what_was_submitted(fake_slurm: Path, tmp_path: Path
     with pytest.raises(SubmitError) as e:
         submit(MINIJOINT, [*OVERRIDES, f"runs_dir={tmp_path}"], launcher="a100")
     msg = str(e.value)
-    assert "sbatch failed for step adapt-de" in msg and "Invalid account" in msg
+    assert "sbatch failed for step finetune-xnli-s1" in msg and "Invalid account" in msg
     assert "already submitted: prepare=1000, pretrain=1001" in msg and "scancel 1000 1001" in msg
 
 

@@ -201,7 +201,7 @@ def test_step_2_over_each_head_of_one_pretraining(tmp_path, prepared, corpus_dir
     # step 3 once (the finetuned primary model is shared), step 4 per head: results keyed by head
     run_finetune(cfg("adapt.head=l1"), "lohelp", 1, progress_bar=False)
     for head in ("l1", "l2"):
-        path = run_evaluate(cfg(f"adapt.head={head}"), progress=False)
+        path = run_evaluate(cfg(f"adapt.head={head}"), progress=False).path
         assert path == tmp_path / "runs" / "tiny" / f"minijoint@{head}" / "results.jsonl"
     res = load_results(tmp_path / "runs", "tiny")
     assert {s for s, _, _ in res.curves} == {"minijoint@l1", "minijoint@l2"}

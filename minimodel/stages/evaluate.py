@@ -8,8 +8,13 @@ evaluation resumes without duplicates."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -32,10 +37,10 @@ from minimodel.wandb_results import ResultsLogger
 log = get_logger(__name__)
 
 
-def device_for(cfg: ExperimentConfig) -> torch.device:
+def device_for(cfg: ExperimentConfig, local_rank: int = 0) -> torch.device:
     accel = cfg.finetune.trainer.accelerator
     if accel in ("auto", "gpu", "cuda") and torch.cuda.is_available():
-        return torch.device("cuda")
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 
 
@@ -72,27 +77,80 @@ def task_of(cfg: ExperimentConfig, task: str, finetuned: Finetuned, where: Path)
     return data
 
 
-def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Path:
-    """Every missing result row of the system, holding the lock of its results (one writer)."""
+@dataclass
+class Evaluation:
+    """What one ``minimodel evaluate`` process did: the results file, and the signal that stopped it early ("")."""
+
+    path: Path
+    stopped: str = ""
+    rows: int = 0
+
+
+class _StopOnSignal:
+    """SIGUSR1 (SLURM's warning before the time limit) or SIGTERM: finish the current evaluation, then stop."""
+
+    def __init__(self) -> None:
+        self.signal = ""
+        self.old: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGUSR1):
+                self.old[sig] = signal.signal(sig, self._stop)
+        return self
+
+    def _stop(self, signum: int, frame: Any) -> None:
+        self.signal = signal.Signals(signum).name
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+
+def shard() -> tuple[int, int, int]:
+    """(rank, world size, local rank) of this process among those the launcher started for one evaluation
+    (``srun --ntasks=G``, ``torchrun``): each evaluates every G-th checkpoint of the plan."""
+    env = os.environ
+    world = int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or 1)
+    rank = int(env.get("RANK") or env.get("SLURM_PROCID") or 0) if world > 1 else 0
+    local = int(env.get("LOCAL_RANK") or env.get("SLURM_LOCALID") or 0) if world > 1 else 0
+    return rank, world, local
+
+
+def selection(cfg: ExperimentConfig) -> str:
+    """The part of the system's evaluations one command does: ``all``, or e.g. ``lang=de``, ``task=xnli-seed=2``."""
+    parts = [f"task={cfg.task}" if cfg.task else "", f"seed={cfg.seed}" if cfg.seed else "",
+             f"lang={cfg.lang}" if cfg.lang else ""]
+    return "-".join(p for p in parts if p) or "all"
+
+
+def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Evaluation:
+    """Every missing result row of the system (or of ``task``/``seed``/``lang``), holding the lock of that selection:
+    evaluations of disjoint selections (one per language, one per GPU) run at once and append to one results
+    file without duplicates. Stops after the current row on SIGUSR1/SIGTERM (rerun to resume)."""
     r = runs(cfg)
-    with exclusive(r.results.parent, f"evaluation of {r.label}"):
+    sel = selection(cfg)
+    with exclusive(r.results.parent / f".evaluate-{sel}", f"evaluation of {r.label} ({sel})"):
         wandb = ResultsLogger(cfg, r.label, r.results.parent)
         try:
-            return _evaluate(cfg, r, progress, wandb)
+            with _StopOnSignal() as stop:
+                return _evaluate(cfg, r, progress, wandb, stop)
         finally:
             wandb.close()
 
 
-def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogger) -> Path:
+def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogger, stop: _StopOnSignal) -> Evaluation:
     table = ResultsTable(r.results)
     done = table.keys()
     tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
     seeds = [cfg.seed] if cfg.seed else list(cfg.finetune.seeds)
-    device = device_for(cfg)
+    rank, world, local = shard()
+    device = device_for(cfg, local)
     cache: dict[tuple[str, tuple[str, ...], str], tuple[AnyTokenizer, list, list]] = {}
     plan = []  # (task, seed, lang, checkpoint)
     for task in tasks:
-        langs = [cfg.lang] if cfg.lang else TaskData(task, cfg.tasks[task]).languages(cfg.target_langs)
+        langs = [lang for lang in TaskData(task, cfg.tasks[task]).languages(cfg.target_langs)
+                 if not cfg.lang or lang == cfg.lang]
         for seed in seeds:
             for lang in langs:
                 ckpts = adaptation_checkpoints(r.adapt(lang))
@@ -103,17 +161,28 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
     bodies = ("primary", "mini") if of(cfg).mini_finetune else ("primary",)
     english = [row for task in tasks for seed in seeds for body in bodies
                for row in english_rows(cfg, task, seed, body) if tuple(row[k] for k in KEY) not in done]
-    table.append(english)
+    english = table.append(english) if rank == 0 else []
     for key in dict.fromkeys((row["task"], row["seed"], row["body"]) for row in english):
         wandb.log([row for row in english if (row["task"], row["seed"], row["body"]) == key])
     todo = [p for p in plan if (r.label, "primary", p[0], p[2], p[1], checkpoint_step(p[3])) not in done]
+    # one process per GPU: every world-th (task, seed, language) of the whole plan (the same share whatever is
+    # done already, so a requeued process picks up its own share)
+    units = list(dict.fromkeys((task, seed, lang) for task, seed, lang, _ in plan))[rank::world]
+    mine = [p for p in todo if p[:3] in units]
     log.info(f"evaluate {r.label}: {len(plan)} (task, seed, language, checkpoint) evaluations, "
              f"{len(plan) - len(todo)} already in {table.path}")
     started = time.perf_counter()
-    bar = tqdm(total=len(todo), desc="evaluate", disable=not progress, dynamic_ncols=True, mininterval=0.5)
+    if world > 1:
+        log.info(f"process {rank} of {world}: {len(mine)} of them, on {device}")
+    bar = tqdm(total=len(mine), desc="evaluate", disable=not progress, dynamic_ncols=True, mininterval=0.5)
     loaded: tuple[str, int] | None = None
     body = head = data = None
-    for task, seed, lang, path in todo:
+    written = 0
+    for task, seed, lang, path in mine:
+        if stop.signal:
+            log.warning(f"evaluate {r.label}: {stop.signal} received: stopping after {written} evaluations, "
+                        f"{len(mine) - written} left; rerun the same command to resume")
+            break
         if loaded != (task, seed):
             model_path = finetuned_model(r.finetune(task, seed))
             if not model_path.exists():
@@ -137,11 +206,11 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
                 "step": int(adapted.step), "flops": float(adapted.flops), "v100_days": float(adapted.v100_days),
                 "split": "test"}
         rows = [{**base, "metric": m, "value": v} for m, v in scores.items()]
-        table.append(rows)
-        wandb.log(rows)
+        wandb.log(table.append(rows))
+        written += 1
         bar.update(1)
     bar.close()
-    if todo:
+    if written:
         took = time.perf_counter() - started
-        log.info(f"evaluated {len(todo)} checkpoints in {took:.1f} s ({took / len(todo):.2f} s each)")
-    return table.path
+        log.info(f"evaluated {written} checkpoints in {took:.1f} s ({took / written:.2f} s each)")
+    return Evaluation(table.path, stop.signal if written < len(mine) else "", written)
