@@ -138,7 +138,7 @@ def test_submit_minijoint(fake_slurm: Path, tmp_path: Path, capsys: pytest.Captu
         assert sbatch_option(script, "partition") == "gpu"
         assert sbatch_option(script, "signal") == "USR1@300"  # to the srun tasks, not B:
         assert "#SBATCH --requeue" in script and "#SBATCH --open-mode=append" in script
-        assert "source .venv/bin/activate" in script
+        assert "source .venv/bin/activate" in script and "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}" in script
         cmd = command_of(script)
         # every step runs under srun, so that USR1 before the time limit reaches it
         assert cmd[:2] == ["srun", f"--cpus-per-task={sbatch_option(script, 'cpus-per-task')}"]
@@ -306,3 +306,18 @@ def test_sbatch_failure_says_what_was_submitted(fake_slurm: Path, tmp_path: Path
 def test_safe_name():
     assert safe_name("minijoint-n2:adapt-de") == "minijoint-n2.adapt-de"
     assert safe_name("a b/c") == "a_b_c"
+
+
+def test_lightning_does_not_requeue_by_itself_under_slurm(monkeypatch: pytest.MonkeyPatch):
+    """Under SLURM the sbatch script owns USR1 and the requeue: Lightning's own auto-requeue is off."""
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    from minimodel.training.runner import trainer_plugins
+
+    for k in ("SLURM_NTASKS", "SLURM_JOB_NAME"):
+        monkeypatch.delenv(k, raising=False)
+    assert not [p for p in trainer_plugins() if isinstance(p, SLURMEnvironment)]
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_NAME", "paper-pretrain")
+    slurm = [p for p in trainer_plugins() if isinstance(p, SLURMEnvironment)]
+    assert len(slurm) == 1 and slurm[0].auto_requeue is False

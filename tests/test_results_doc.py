@@ -20,7 +20,7 @@ def test_the_committed_study_results_regenerate_docs_results_md(tmp_path):
     shutil.copytree(RESULTS, runs)
     out = tmp_path / "results.md"
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    p = subprocess.run([sys.executable, "-m", "minimodel.cli", "report", "experiments/study.yaml", f"runs_dir={runs}",
+    p = subprocess.run([sys.executable, "-m", "minimodel.cli", "report", "experiments/study_beyond.yaml", f"runs_dir={runs}",
                         "--out", str(out), "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -88,6 +88,17 @@ def world_size(t: TrainerConfig) -> int:
     return max(1, devices) * t.num_nodes
 
 
+def trainer_plugins() -> list[Any]:
+    """Atomic checkpoint writes; under SLURM, Lightning's cluster environment with its auto-requeue off: the
+    sbatch script (``launch.py``) owns the signal and the requeue, one mechanism only."""
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    plugins: list[Any] = [AtomicCheckpointIO()]
+    if SLURMEnvironment.detect():
+        plugins.append(SLURMEnvironment(auto_requeue=False))
+    return plugins
+
+
 def make_trainer(cfg: ExperimentConfig, stage: Stage, training: Training, callbacks: list[Callback],
                  progress_bar: bool) -> L.Trainer:
     t, o = training.trainer, training.optim
@@ -103,7 +114,7 @@ def make_trainer(cfg: ExperimentConfig, stage: Stage, training: Training, callba
         log_every_n_steps=t.log_every,  # counted in optimiser updates
         logger=make_loggers(cfg, stage.run_dir, f"{cfg.system}/{stage.name}"),
         callbacks=callbacks, enable_progress_bar=progress_bar, enable_checkpointing=False,
-        enable_model_summary=False, use_distributed_sampler=False, plugins=[AtomicCheckpointIO()],
+        enable_model_summary=False, use_distributed_sampler=False, plugins=trainer_plugins(),
         default_root_dir=str(stage.run_dir), deterministic=False, benchmark=False,
     )
 
