@@ -1,7 +1,8 @@
 """`minimodel COMMAND CONFIG [key=value ...]`.
 
-Exit codes: 0 done (or stopped by ``trainer.stop_at`` / ``trainer.max_minutes``, which logs so); 2 bad
-input (the message names the file or key); 3 stopped by SIGTERM/SIGUSR1 after a checkpoint: rerun to resume. ``submit``,
+Exit codes: 0 done; 2 bad input (the message names the file or key); 3 stopped by SIGTERM/SIGUSR1 or
+``trainer.max_minutes`` after a checkpoint: rerun (requeue) to resume; 4 stopped at ``trainer.stop_at`` as asked:
+not finished (no ``done.json``), so no step that reads it may start; rerun without ``stop_at`` to go on. ``submit``,
 ``flops`` and ``report`` never import torch or Lightning."""
 
 from __future__ import annotations
@@ -14,19 +15,18 @@ from typing import Any
 
 from minimodel import log as logs
 from minimodel.config import ExperimentConfig, load_config
-from minimodel.errors import ERROR_EXIT, REQUEUE_EXIT, UserError
+from minimodel.errors import ERROR_EXIT, REQUEUE_EXIT, STOPPED_EXIT, UserError
 
 log = logs.get_logger("minimodel.cli")
 
 
 def _stopped(results: Any) -> str:
-    """The signal that stopped a stage of ``results`` (one StageResult or a list) early, or "".
-
-    A stage stopped by ``trainer.stop_at`` or ``trainer.max_minutes`` exits 0 (it logs that it stopped)."""
+    """Why a stage of ``results`` (one StageResult or a list) stopped short of its end, or "" (every one finished):
+    a signal, the wall-time cap (``trainer.max_minutes``) or ``stop_at=N``."""
     from minimodel.training.runner import Outcome  # only training commands get here: Lightning is loaded already
 
     for r in results if isinstance(results, list) else [results]:
-        if r.outcome is Outcome.INTERRUPTED:
+        if r.outcome in (Outcome.INTERRUPTED, Outcome.STOPPED):
             return r.reason
     return ""
 
@@ -231,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         log.error(f"{args.command}: error: {e}")
         return ERROR_EXIT
+    if stopped.startswith("stop_at="):
+        log.warning(f"{args.command}: stopped at {stopped} as asked, after writing a checkpoint: the step is not "
+                    f"finished (exit {STOPPED_EXIT}); rerun without stop_at to go on")
+        return STOPPED_EXIT
     if stopped:
         log.warning(f"{args.command}: stopped on {stopped} after writing a checkpoint; rerun the same command to resume")
         return REQUEUE_EXIT

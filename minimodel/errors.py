@@ -8,6 +8,7 @@ from __future__ import annotations
 
 ERROR_EXIT = 2  # bad input: the message names the file or key at fault
 REQUEUE_EXIT = 3  # stopped early (signal, wall-time cap) after writing a checkpoint: rerun or requeue to resume
+STOPPED_EXIT = 4  # stopped at trainer.stop_at, as asked, after a checkpoint: not finished, so nothing may build on it
 
 
 class UserError(Exception):

@@ -140,7 +140,7 @@ def test_a_last_checkpoint_without_its_loop_state_is_named(tmp_path, prepared, c
     args = ["pretrain", str(ROOT / "experiments" / "tiny.yaml"), *tiny_overrides(tmp_path, corpus_dir, prepared),
             "data.num_workers=0", *stage_overrides(["pretrain"], updates=4, global_batch=8, micro_batch=4,
                                                    ckpt_every=2), "--no-progress"]
-    assert main([*args, "pretrain.trainer.stop_at=2"]) == 0
+    assert main([*args, "pretrain.trainer.stop_at=2"]) == 4
     last = tmp_path / "runs" / "tiny" / "minijoint" / "pretrain" / "checkpoints" / "last.ckpt"
     ckpt = load_checkpoint(last)
     del ckpt["loops"]
@@ -150,3 +150,21 @@ def test_a_last_checkpoint_without_its_loop_state_is_named(tmp_path, prepared, c
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"pretrain: error: {last} cannot resume training: it lacks loops" in err and "Traceback" not in err
+
+
+def test_a_stop_short_of_the_end_is_not_success_and_nothing_builds_on_it(tmp_path, prepared, corpus_dir, capsys):
+    """stop_at exits 4 (not finished), the wall-time cap 3 (requeue); neither writes done.json, and finetuning
+    refuses a step-1 model without one (SLURM's afterok must never start a consumer of an unfinished step)."""
+    from tests.conftest import tiny_overrides
+
+    base = [str(ROOT / "experiments" / "tiny.yaml"), *tiny_overrides(tmp_path, corpus_dir, prepared),
+            "data.num_workers=0", *stage_overrides(["pretrain"], updates=6, global_batch=8, micro_batch=4,
+                                                   ckpt_every=2), "--no-progress"]
+    run_dir = tmp_path / "runs" / "tiny" / "minijoint" / "pretrain"
+    assert main(["pretrain", *base, "pretrain.trainer.stop_at=2"]) == 4
+    assert "stopped at stop_at=2 as asked" in capsys.readouterr().err
+    assert main(["pretrain", *base, "pretrain.trainer.max_minutes=0.00001"]) == 3  # the cap, at once
+    assert not (run_dir / "done.json").exists()
+    capsys.readouterr()
+    assert main(["finetune", *base, "task=xnli", "seed=1", "tasks.xnli.max_len=64"]) == 2
+    assert f"{run_dir} is not complete" in capsys.readouterr().err

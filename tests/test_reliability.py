@@ -135,7 +135,7 @@ def test_slurm_signal_checkpoints_and_exits_for_requeue(tmp_path, prepared, corp
     assert not (run_dir / "done.json").exists()
     p = cli("pretrain", exp, *args, "pretrain.trainer.stop_at=" + str(step + 2))
     out, _ = p.communicate(timeout=300)
-    assert p.returncode == 0 and f"resuming from {run_dir / 'checkpoints' / 'last.ckpt'} (update {step})" in out, out
+    assert p.returncode == 4 and f"resuming from {run_dir / 'checkpoints' / 'last.ckpt'} (update {step})" in out, out
 
 
 def test_a_truncated_checkpoint_is_reported_and_the_previous_one_kept(tmp_path, prepared, corpus_dir):

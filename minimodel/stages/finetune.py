@@ -31,7 +31,7 @@ from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.tasks import TaskData, pad_collate
 from minimodel.data.tokenizer import PAD
 from minimodel.errors import TaskDataError
-from minimodel.layout import finetuned_model, read_done
+from minimodel.layout import finetuned_model, is_done, read_done
 from minimodel.log import get_logger
 from minimodel.model import RobertaMLM
 from minimodel.surgery import extract_mini, freeze_all_but, primary_only
@@ -156,6 +156,9 @@ def finetune_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str, dict]:
     path = Path(r.primary)
     if not path.exists():
         raise CheckpointError(f"finetuning needs the step-1 model {path}: run `minimodel pretrain` first")
+    if r.pretrain is not None and not is_done(r.pretrain):
+        raise CheckpointError(f"finetuning needs a finished step-1 model: {r.pretrain} is not complete (no "
+                              f"done.json; it stopped early): finish `minimodel pretrain` first")
     model, meta = load_trained_model(path)
     if cfg.body == "mini":
         return extract_mini(model, adapt_depth(cfg), mini_head(cfg)), r.primary, meta.tokenizer
