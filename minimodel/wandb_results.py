@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import struct
 from collections.abc import Iterator
@@ -36,9 +37,21 @@ def project(cfg: ExperimentConfig) -> str:
     return cfg.logging.project or f"minimodel-{cfg.name}"
 
 
-def _mode(cfg: ExperimentConfig) -> str:
-    from minimodel.training.loggers import wandb_mode
+def wandb_mode(requested: str) -> str:
+    """auto -> online only when an API key is configured (env or netrc), else offline."""
+    if requested != "auto":
+        return requested
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "online"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    netrc = Path.home() / ".netrc"
+    if netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore"):
+        return "online"
+    return "offline"
 
+
+def _mode(cfg: ExperimentConfig) -> str:
     return wandb_mode(cfg.logging.wandb)
 
 

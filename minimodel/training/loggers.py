@@ -13,20 +13,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 from minimodel.config import ExperimentConfig
 from minimodel.layout import METRICS
-
-
-def wandb_mode(requested: str) -> str:
-    """auto -> online only when an API key is configured (env or netrc), else offline."""
-    if requested != "auto":
-        return requested
-    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "online"):
-        return os.environ["WANDB_MODE"]
-    if os.environ.get("WANDB_API_KEY"):
-        return "online"
-    netrc = Path.home() / ".netrc"
-    if netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore"):
-        return "online"
-    return "offline"
+from minimodel.wandb_results import wandb_mode
 
 
 def wandb_run_id(run_dir: Path) -> str:
