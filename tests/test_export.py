@@ -194,3 +194,25 @@ def test_results_on_wandb_offline_read_back(tiny_finetuned, tmp_path, monkeypatc
     keys = {k.split("/")[1] for h in history for k in h if k.startswith("tables/")}
     assert any("Table 2" in k or "Table_2" in k for k in keys), keys
     assert any(k.startswith("plots/") for h in history for k in h)
+
+
+def test_a_question_answering_model_exports_with_its_span_head(tmp_path):
+    """``task_to_hf`` with a QA head: RobertaForQuestionAnswering gives our start and end logits."""
+    from minimodel.config import ModelConfig
+    from minimodel.hf import task_to_hf
+    from minimodel.model import RobertaMLM, SpanHead
+
+    torch.manual_seed(0)
+    body = RobertaMLM(ModelConfig(vocab_size=60, hidden=32, layers=2, heads=2, ffn=64, max_positions=40)).eval()
+    head = SpanHead(32).eval()
+    with torch.no_grad():
+        head.out.weight.normal_(0, 0.5)
+    task_to_hf(body, head, [], True, tmp_path / "qa")
+    model = transformers.AutoModelForQuestionAnswering.from_pretrained(tmp_path / "qa").eval()
+    assert type(model).__name__ == "RobertaForQuestionAnswering"
+    ids = torch.tensor([[0, 7, 8, 9, 2, 2, 11, 12, 13, 14, 2], [0, 5, 6, 2, 2, 15, 16, 2, 1, 1, 1]])
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=(ids != 1).long())
+        start, end = head(body.encode(ids))
+    real = ids != 1
+    assert (out.start_logits - start)[real].abs().max() < 1e-5 and (out.end_logits - end)[real].abs().max() < 1e-5
