@@ -43,7 +43,7 @@ import subprocess
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from minimodel.config import ConfigError, find_conf_dir, load_config, load_structured
+from minimodel.config import ConfigError, ExperimentConfig, find_conf_dir, load_config, load_structured
 from minimodel.errors import REQUEUE_EXIT, UserError
 from minimodel.layout import Layout
 from minimodel.pipeline import Step, plan
@@ -263,11 +263,60 @@ def sbatch_script(step: Step, launcher: LauncherConfig, run_root: str | Path, *,
 # ------------------------------------------------------------------------------------------------- submit
 
 
-def _dependency(step: Step, ids: dict[str, str]) -> list[str]:
-    missing = [a for a in step.after if a not in ids]
+def _dependency(step: Step, ids: dict[str, str], finished: frozenset[str] = frozenset()) -> list[str]:
+    """``afterok`` on the jobs of the steps ``step`` needs, except those already finished (left out)."""
+    after = [a for a in step.after if a not in finished]
+    missing = [a for a in after if a not in ids]
     if missing:
         raise SubmitError(f"step {step.name} depends on {missing}, which come later in the plan")
-    return [f"--dependency=afterok:{':'.join(ids[a] for a in step.after)}"] if step.after else []
+    return [f"--dependency=afterok:{':'.join(ids[a] for a in after)}"] if after else []
+
+
+def finished_steps(config: str, steps: list[Step]) -> frozenset[str]:
+    """The training steps whose run holds a ``done.json`` written with this configuration's settings: a
+    resubmission leaves them out (their dependants do not wait on them)."""
+    from minimodel.config import check_finished
+    from minimodel.layout import is_done
+
+    out = set()
+    for step in steps:
+        if not step.run_dir or not is_done(Path(step.run_dir)):
+            continue
+        try:
+            check_finished(load_config(config, list(step.args[2:])), step.stage_name, Path(step.run_dir))
+        except ConfigError:
+            continue  # finished with other settings: the job runs and says so
+        out.add(step.name)
+    return frozenset(out)
+
+
+def queued_jobs(experiment: str) -> list[str]:
+    """This user's queued or running jobs of ``experiment`` (``squeue``; [] when squeue is not there)."""
+    if shutil.which("squeue") is None:
+        return []
+    try:
+        res = subprocess.run(["squeue", "--noheader", "--me", "--format=%i %j %T"], capture_output=True, text=True)
+    except OSError:
+        return []
+    prefix = f"{safe_name(experiment)}-"
+    return [line.strip() for line in res.stdout.splitlines() if len(line.split()) >= 2
+            and line.split()[1].startswith(prefix)]
+
+
+def path_problems(cfg: ExperimentConfig, config: str, lc: LauncherConfig, workdir: Path) -> list[str]:
+    """Paths the jobs read, relative to their working directory, that are not there: the experiment file, the
+    corpus directory, and what the launcher's setup sources."""
+    def missing(p: str) -> bool:
+        path = Path(p)
+        return not (path if path.is_absolute() else workdir / path).exists()
+
+    out = [f"{what} {p}" for what, p in (("experiment file", config), ("data.corpus_dir", cfg.data.corpus_dir))
+           if p and missing(p)]
+    for line in lc.setup.splitlines():
+        words = shlex.split(line, comments=True) if line.strip() else []
+        if len(words) >= 2 and words[0] in ("source", ".") and "$" not in words[1] and missing(words[1]):
+            out.append(f"launcher setup `{line.strip()}`: {words[1]}")
+    return out
 
 
 def submit(config: str, overrides: list[str], launcher: str = "local", dry_run: bool = False) -> list[tuple[str, str]]:
@@ -282,6 +331,23 @@ def submit(config: str, overrides: list[str], launcher: str = "local", dry_run: 
     run_root, slurm = layout.root.absolute(), layout.slurm.absolute()
     if not dry_run and shutil.which("sbatch") is None:
         raise SubmitError("sbatch not found: run `minimodel submit` on a SLURM login node, or use --dry-run")
+    workdir = Path.cwd().absolute()
+    problems = path_problems(cfg, config, lc, workdir)
+    if problems:
+        msg = (f"the jobs run in {workdir} (--chdir) and would not find: {'; '.join(problems)}. Submit from the "
+               f"directory those paths are relative to, or make them absolute")
+        if not dry_run:
+            raise SubmitError(msg)
+        print(f"# WARNING: {msg}")
+    queued = [] if dry_run else queued_jobs(run_root.name)
+    if queued:
+        raise SubmitError(f"jobs of experiment {run_root.name} are queued or running ({'; '.join(queued[:5])}"
+                          f"{' ...' if len(queued) > 5 else ''}): submitting again would run the same steps twice "
+                          f"at once. Wait for them, or scancel them first")
+    finished = finished_steps(config, steps)
+    if finished:
+        print(f"left out (finished with these settings: done.json): {', '.join(s.name for s in steps if s.name in finished)}")
+    steps = [s for s in steps if s.name not in finished]
     slurm.mkdir(parents=True, exist_ok=True)
     width = max(2, len(str(len(steps) - 1)))
     scripts: list[Path] = []
@@ -294,14 +360,14 @@ def submit(config: str, overrides: list[str], launcher: str = "local", dry_run: 
     if dry_run:
         names = {s.name: f"<{s.name}>" for s in steps}
         for step, path in zip(steps, scripts):
-            cmd = shlex.join(["sbatch", "--parsable", *_dependency(step, names), str(path)])
+            cmd = shlex.join(["sbatch", "--parsable", *_dependency(step, names, finished), str(path)])
             print(f"# ===== {step.name}: {cmd}\n{path.read_text()}")
         print(f"# dry run: {len(steps)} scripts written to {slurm} (launcher {lc.source}); nothing submitted")
         return [(s.name, "") for s in steps]
 
     ids: dict[str, str] = {}
     for step, path in zip(steps, scripts):
-        cmd = ["sbatch", "--parsable", *_dependency(step, ids), str(path)]
+        cmd = ["sbatch", "--parsable", *_dependency(step, ids, finished), str(path)]
 
         def failed(why: str) -> SubmitError:
             done = ", ".join(f"{n}={j}" for n, j in ids.items()) or "none"
@@ -320,7 +386,8 @@ def submit(config: str, overrides: list[str], launcher: str = "local", dry_run: 
         if not job.isdigit():
             raise failed(f"cannot read a job id from its output {res.stdout.strip()!r}")
         ids[step.name] = job
-        deps = f" after {', '.join(f'{a}={ids[a]}' for a in step.after)}" if step.after else ""
+        deps = ", ".join(f"{a}={ids[a]}" for a in step.after if a not in finished)
+        deps = f" after {deps}" if deps else ""
         print(f"submitted {step.name}: job {job}{deps}", flush=True)
     print(f"{len(ids)} jobs submitted; scripts and logs in {slurm}")
     return list(ids.items())

@@ -23,6 +23,8 @@ class Step:
     args: tuple[str, ...]  # `minimodel` arguments: (command, config, key=value, ...)
     after: tuple[str, ...] = ()
     distributed: bool = False  # a multi-GPU step: training (srun + DDP) or evaluation (one process per GPU)
+    run_dir: str = ""  # a training step's run directory: its done.json says the step is finished
+    stage_name: str = ""  # that run's name for config.check_finished (pretrain, adapt/de, finetune/xnli/seed1, ...)
 
 
 @dataclass
@@ -69,21 +71,24 @@ def plan(config: str | Path, overrides: list[str] | None = None) -> list[Step]:
         system, r = of(cfg), runs(cfg)
         p = "" if len(vs) == 1 else f"{v.label}:"
 
-        def step(name: str, stage: str, args: list[str], after: list[str], distributed: bool = False) -> Step:
-            return Step(p + name, stage, (args[0], config, *o, *args[1:]), tuple(after), distributed)
+        def step(name: str, stage: str, args: list[str], after: list[str], distributed: bool = False,
+                 run_dir: Path | None = None, stage_name: str = "") -> Step:
+            return Step(p + name, stage, (args[0], config, *o, *args[1:]), tuple(after), distributed,
+                        str(run_dir) if run_dir is not None else "", stage_name)
 
         steps_of = system.steps(external_primary(cfg))
         primary = "prepare"  # the step that makes the primary model (none of this experiment's: prepare)
         if r.pretrain is not None:
             if r.pretrain not in shared:
                 owner = ["system=" + system.primary_from, "tag="] if system.primary_from else []
-                steps.append(step("pretrain", "pretrain", ["pretrain", *owner], ["prepare"], True))
+                steps.append(step("pretrain", "pretrain", ["pretrain", *owner], ["prepare"], True, r.pretrain,
+                                  "pretrain"))
                 shared[r.pretrain] = p + "pretrain"
             primary = shared[r.pretrain]
         body = primary
         if "bridge" in steps_of:
             if r.bridge not in shared:
-                steps.append(step("bridge", "bridge", ["bridge"], [primary], True))
+                steps.append(step("bridge", "bridge", ["bridge"], [primary], True, r.bridge, "bridge"))
                 shared[r.bridge] = p + "bridge"
             body = shared[r.bridge]
             if r.pretrain is None:
@@ -94,7 +99,8 @@ def plan(config: str | Path, overrides: list[str] | None = None) -> list[Step]:
                 where = r.finetune(task, seed)
                 if where not in shared:
                     steps.append(step(f"finetune-{task}-s{seed}", "finetune",
-                                      ["finetune", f"task={task}", f"seed={seed}"], [primary]))
+                                      ["finetune", f"task={task}", f"seed={seed}"], [primary], run_dir=where,
+                                      stage_name=f"finetune/{task}/seed{seed}"))
                     shared[where] = p + f"finetune-{task}-s{seed}"
                 finetunes.append(shared[where])
         if system.mini_finetune:
@@ -106,7 +112,8 @@ def plan(config: str | Path, overrides: list[str] | None = None) -> list[Step]:
         # step 4 per language, as soon as that language's embeddings and the finetuned models are there (one
         # process per GPU when the launcher gives the job several)
         for lang in cfg.target_langs:
-            steps.append(step(f"adapt-{lang}", "adapt", ["adapt", f"lang={lang}"], [body], True))
+            steps.append(step(f"adapt-{lang}", "adapt", ["adapt", f"lang={lang}"], [body], True, r.adapt(lang),
+                              f"adapt/{lang}"))
             steps.append(step(f"evaluate-{lang}", "evaluate", ["evaluate", f"lang={lang}"],
                               [p + f"adapt-{lang}", *finetunes], True))
             evaluations.append(p + f"evaluate-{lang}")

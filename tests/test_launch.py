@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from minimodel.config import load_config
 from minimodel.launch import (
     LauncherConfigError,
     SubmitError,
@@ -26,7 +27,8 @@ from minimodel.pipeline import Step, plan
 from tests.conftest import ROOT
 
 MINIJOINT = str(ROOT / "experiments" / "minijoint.yaml")
-OVERRIDES = ["target_langs=[de,tr]", "finetune.tasks=[xnli]", "finetune.seeds=[1,2]"]
+OVERRIDES = ["target_langs=[de,tr]", "finetune.tasks=[xnli]", "finetune.seeds=[1,2]",
+             f"data.corpus_dir={ROOT / 'data' / 'demo' / 'corpus'}"]
 
 FAKE_TOOL = """#!{python}
 # fake {name}: records argv (and, for sbatch, the script) as one JSON line in $FAKE_SLURM_LOG
@@ -48,16 +50,18 @@ with open(log, "a") as f:
     f.write(json.dumps(entry) + "\\n")
 if "{name}" == "sbatch":
     print(f"{{1000 + n}};fakecluster")
+if "{name}" == "squeue":
+    print(os.environ.get("FAKE_SQUEUE", ""))
 sys.exit(int(os.environ.get("FAKE_SRUN_RC", "0")) if "{name}" == "srun" else 0)
 """
 
 
 @pytest.fixture
 def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Fake sbatch/srun/scontrol first on PATH; returns the log file they append to."""
+    """Fake sbatch/srun/scontrol/squeue first on PATH; returns the log file they append to."""
     bin_dir = tmp_path / "fakebin"
     bin_dir.mkdir()
-    for name in ("sbatch", "srun", "scontrol"):
+    for name in ("sbatch", "srun", "scontrol", "squeue"):
         tool = bin_dir / name
         tool.write_text(FAKE_TOOL.format(python=sys.executable, name=name))
         tool.chmod(tool.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
@@ -321,3 +325,60 @@ def test_lightning_does_not_requeue_by_itself_under_slurm(monkeypatch: pytest.Mo
     monkeypatch.setenv("SLURM_JOB_NAME", "paper-pretrain")
     slurm = [p for p in trainer_plugins() if isinstance(p, SLURMEnvironment)]
     assert len(slurm) == 1 and slurm[0].auto_requeue is False
+
+
+def test_resubmission_leaves_out_finished_steps(fake_slurm: Path, tmp_path: Path, capsys: pytest.CaptureFixture):
+    """A step whose done.json matches is not submitted again, and its dependants do not wait on it; a finished
+    run with other settings is submitted (the job then says which settings differ)."""
+    import yaml
+
+    from minimodel.config import save_config
+
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
+    steps = {s.name: s for s in plan(MINIJOINT, overrides)}
+    for name in ("pretrain", "adapt-de"):
+        run = Path(steps[name].run_dir)
+        run.mkdir(parents=True)
+        save_config(load_config(MINIJOINT, list(steps[name].args[2:])), run / "config.yaml")
+        (run / "done.json").write_text("{}")
+    tr = Path(steps["adapt-tr"].run_dir)  # finished, but with another learning rate
+    tr.mkdir(parents=True)
+    save_config(load_config(MINIJOINT, [*steps["adapt-tr"].args[2:], "adapt.optim.lr=1e-2"]), tr / "config.yaml")
+    (tr / "done.json").write_text("{}")
+    jobs = submit(MINIJOINT, overrides, launcher="a100")
+    names = [n for n, _ in jobs]
+    assert "pretrain" not in names and "adapt-de" not in names and "adapt-tr" in names
+    assert "left out (finished with these settings: done.json): pretrain, adapt-de" in capsys.readouterr().out
+    by_step = {c["script"].split("minimodel step ")[1].split(" ")[0]: c for c in calls(fake_slurm, "sbatch")}
+    dep = [a for a in by_step["finetune-xnli-s1"]["argv"] if a.startswith("--dependency")]
+    assert dep == []  # it needed only the pretraining, which is finished
+    assert [a for a in by_step["evaluate-de"]["argv"] if a.startswith("--dependency")] == [
+        "--dependency=afterok:" + ":".join(dict(jobs)[n] for n in ("finetune-xnli-s1", "finetune-xnli-s2"))]
+    assert yaml.safe_load((tr / "config.yaml").read_text())["adapt"]["optim"]["lr"] == 1e-2  # untouched
+
+
+def test_a_second_submit_is_refused_while_jobs_are_queued(fake_slurm: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch):
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
+    monkeypatch.setenv("FAKE_SQUEUE", "1234 paper-pretrain RUNNING\n1235 other-pretrain PENDING")
+    with pytest.raises(SubmitError, match=r"jobs of experiment paper are queued or running \(1234 paper-pretrain "
+                                          r"RUNNING\): submitting again would run the same steps twice"):
+        submit(MINIJOINT, overrides, launcher="a100")
+    assert calls(fake_slurm, "sbatch") == []
+    monkeypatch.setenv("FAKE_SQUEUE", "1235 other-pretrain PENDING")
+    assert submit(MINIJOINT, overrides, launcher="a100")
+
+
+def test_paths_the_jobs_would_not_find_are_named_before_submitting(fake_slurm: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture):
+    overrides = [*OVERRIDES[:-1], "data.corpus_dir=data/demo/corpus", f"runs_dir={tmp_path / 'runs'}"]
+    monkeypatch.chdir(tmp_path)  # not the repository: data/demo/corpus and .venv/bin/activate are not here
+    with pytest.raises(SubmitError) as e:
+        submit(MINIJOINT, overrides, launcher="a100")
+    assert "data.corpus_dir data/demo/corpus" in str(e.value) and ".venv/bin/activate" in str(e.value)
+    assert calls(fake_slurm, "sbatch") == []
+    submit(MINIJOINT, overrides, launcher="a100", dry_run=True)  # a dry run warns
+    assert "# WARNING: the jobs run in" in capsys.readouterr().out
+    monkeypatch.chdir(ROOT)
+    assert submit(MINIJOINT, overrides, launcher="a100")
