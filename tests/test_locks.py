@@ -75,7 +75,7 @@ def test_a_second_copy_of_a_stage_exits_2_naming_the_holder(tmp_path, prepared, 
 
 def test_a_second_evaluation_of_the_same_system_exits_2(tmp_path, prepared, corpus_dir, capsys):
     cfg = tiny_config(tmp_path, corpus_dir, prepared=prepared)
-    holder = hold_lock(runs(cfg).results.parent)
+    holder = hold_lock(runs(cfg).results.parent / ".evaluate-all")  # the lock of the whole system's evaluation
     try:
         rc = main(["evaluate", str(ROOT / "experiments" / "tiny.yaml"),
                    *tiny_overrides(tmp_path, corpus_dir, prepared), "--no-progress"])
@@ -83,7 +83,7 @@ def test_a_second_evaluation_of_the_same_system_exits_2(tmp_path, prepared, corp
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     assert rc == 2
-    assert "evaluation of minijoint would write the same files" in capsys.readouterr().err
+    assert "evaluation of minijoint (all) would write the same files" in capsys.readouterr().err
     assert not runs(cfg).results.exists()
 
 

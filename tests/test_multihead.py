@@ -121,7 +121,7 @@ def test_one_pretraining_serves_every_head_in_the_plan(tmp_path):
     assert len([f for f in primary_finetunes if f.startswith("minijoint@l1:")]) == len(c.finetune.tasks) * len(
         c.finetune.seeds)
     assert not [f for f in primary_finetunes if f.startswith("minijoint@l2:")]  # the finetuned models are shared
-    evaluate_l2 = next(s for s in steps if s.name == "minijoint@l2:evaluate")
+    evaluate_l2 = next(s for s in steps if s.name == "minijoint@l2:evaluate-de")
     assert "minijoint@l1:finetune-xnli-s1" in evaluate_l2.after
     exp.write_text(TINY_EXP.read_text() + "\nsweep:\n  - \"model.mini_heads=[1,2] adapt.head=l1\"\n"
                    "  - \"model.mini_heads=[1,2] adapt.head=l1 adapt.optim.lr=1e-3\"\n")
