@@ -18,6 +18,15 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+@pytest.fixture(autouse=True)
+def _no_inherited_wandb_service():
+    """A test that starts wandb in this process leaves its service's address in ``WANDB_SERVICE``; processes a
+    later test spawns with ``os.environ`` would then share that one service, which refuses a second start of a
+    run id it still holds (a requeued stage). Each test starts from an environment without it."""
+    yield
+    os.environ.pop("WANDB_SERVICE", None)
+
+
 def real_text(lang: str, max_bytes: int) -> str:
     """The first ``max_bytes`` (cut at a document boundary) of the bundled corpus of ``lang``."""
     path = DEMO_CORPUS / f"{lang}.txt.xz"

@@ -63,7 +63,8 @@ def test_two_ranks_and_a_requeue_log_to_one_wandb_run(tmp_path, prepared, corpus
     args = [*base(tmp_path, prepared, corpus_dir), "logging.wandb=offline", "pretrain.trainer.devices=2",
             "pretrain.trainer.strategy=ddp", "pretrain.trainer.accelerator=cpu", "pretrain.optim.updates=8",
             "pretrain.trainer.ckpt_every=4"]
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    env = {**{k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"},  # each call its own service,
+           "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}  # as two SLURM jobs have
     run_dir = tmp_path / "demo" / "bl_base" / "pretrain"
     for extra in (["pretrain.trainer.stop_at=4"], []):  # the second call resumes, as a requeued job does
         p = subprocess.run([sys.executable, "-m", "minimodel.cli", "pretrain", EXP, *args, *extra, "--no-progress"],
