@@ -26,7 +26,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-fast lint demo study study-beyond bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops
+.PHONY: help setup test test-slurm test-fast lint demo study study-beyond bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops
 
 help:
 	@sed -n '1,10p' Makefile
@@ -42,6 +42,11 @@ setup: $(BIN)/.installed
 
 test: setup lint
 	$(BIN)/python -m pytest -q tests
+
+# a single-node SLURM on this machine (scripts/local_slurm.sh; root or sudo, Debian packages), the real-SLURM
+# tests against it, then down again; skipped with the reason where SLURM cannot be had
+test-slurm: setup
+	bash scripts/test_slurm.sh
 
 test-fast: setup lint
 	$(BIN)/python -m pytest -q -m "not slow" tests

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from minimodel import log as logs
+from minimodel import signals
 from minimodel.config import ExperimentConfig, load_config
 from minimodel.errors import ERROR_EXIT, REQUEUE_EXIT, STOPPED_EXIT, UserError
 
@@ -210,6 +211,11 @@ def _int_arg(item: str) -> int:
         raise UserError(f"{key}={value!r}: expected a number of updates (e.g. {key}=500)") from None
 
 
+CATCH_EARLY = ("pretrain", "bridge", "adapt", "finetune", "evaluate", "run")
+"""Commands that stop cleanly on SIGUSR1 / SIGTERM (checkpoint, exit 3): a signal before they are ready is
+recorded and honoured (``signals``), not fatal."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -224,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             args.overrides = [o for o in args.overrides if o not in steps]
             args.step = _int_arg(steps[-1]) if steps else None
         cfg = load_config(args.config, args.overrides)
+        if args.command in CATCH_EARLY:
+            signals.catch_early()
         stopped = COMMANDS[args.command][0](cfg, args)
     except StepFailed as e:
         log.error(f"{args.command}: {e}")

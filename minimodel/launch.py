@@ -20,16 +20,17 @@ Each job runs in the directory `minimodel submit` was called from (``--chdir``),
 (config, ``runs_dir``, data) mean the same thing on the compute nodes (a shared filesystem is assumed).
 The script runs the launcher's ``setup`` snippet, then the step's ``minimodel`` command:
 
-* distributed training steps (pretrain / bridge / adapt) as ``srun minimodel ...`` with one task per
-  GPU (``--ntasks-per-node`` = GPUs per node, which Lightning's SLURM support expects) and
-  ``{stage}.trainer.devices/num_nodes/accelerator`` overrides matching the allocation;
-* every other step as a single plain process (finetune / evaluate on one GPU, prepare / report on CPU).
+* every step runs as a job step of ``srun``: distributed training steps (pretrain / bridge / adapt) with one
+  task per GPU (``--ntasks-per-node`` = GPUs per node, which Lightning's SLURM support expects) and
+  ``{stage}.trainer.devices/num_nodes/accelerator`` overrides matching the allocation; every other step
+  (finetune / evaluate on one GPU, prepare / report, any step of a CPU-only launcher) as one task.
 
 ``--signal=USR1@{signal_lead_s}`` asks SLURM to signal the job steps (the ``srun`` tasks) that long
-before the time limit; training writes ``last.ckpt`` and ``minimodel`` exits with code 3. The script then
-requeues the job (``scontrol requeue``; same job id, so dependants keep waiting) unless it has already
-been restarted ``max_requeues`` times, and the restarted job resumes from the checkpoint. Plain
-(non-srun) processes are not job steps and get no USR1: their time limit must cover them. A step that
+before the time limit; training writes ``last.ckpt`` (evaluation finishes its row) and ``minimodel`` exits with
+code 3. The script then requeues the job (``scontrol requeue``; same job id, so dependants keep waiting)
+unless it has already been restarted ``max_requeues`` times, and the restarted job resumes from the
+checkpoint. A signal that comes while the command is still starting is kept and honoured once training
+starts (``minimodel.signals``). A step that
 fails (any other non-zero code) ends its job as FAILED, and ``--kill-on-invalid-dep=yes`` cancels the
 jobs waiting on it; fix the cause and submit again: finished steps are skipped (``done.json``).
 """
@@ -276,7 +277,7 @@ def finished_steps(config: str, steps: list[Step]) -> frozenset[str]:
     """The training steps whose run holds a ``done.json`` written with this configuration's settings: a
     resubmission leaves them out (their dependants do not wait on them)."""
     from minimodel.config import check_finished
-    from minimodel.layout import is_done
+    from minimodel.layout import is_done, recorded_inputs, stale_inputs
 
     out = set()
     for step in steps:
@@ -286,6 +287,10 @@ def finished_steps(config: str, steps: list[Step]) -> frozenset[str]:
             check_finished(load_config(config, list(step.args[2:])), step.stage_name, Path(step.run_dir))
         except ConfigError:
             continue  # finished with other settings: the job runs and says so
+        recorded = {k: Path(v["run"]) for k, v in recorded_inputs(Path(step.run_dir)).items()
+                    if isinstance(v, dict) and v.get("run")}
+        if stale_inputs(Path(step.run_dir), recorded):
+            continue  # built on a run that finished again since: the job runs and says so
         out.add(step.name)
     return frozenset(out)
 

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 DONE = "done.json"
 CONFIG = "config.yaml"
+INPUTS = "inputs.json"  # the finished runs a stage run was built on, as they were when it started
 METRICS = "metrics.csv"
 LAST = "last.ckpt"
 FINETUNED = "model.pt"
@@ -154,9 +155,87 @@ def read_done(run_dir: Path) -> dict | None:
 
 
 def write_done(run_dir: Path, info: dict) -> None:
-    tmp = run_dir / f".{DONE}.tmp"
+    _write_json(run_dir / DONE, info)
+
+
+def _write_json(path: Path, info: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(info, indent=1, default=str))
-    os.replace(tmp, run_dir / DONE)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------ what a run was built on
+
+
+def stamp(run_dir: Path) -> dict | None:
+    """How a run built on the finished run ``run_dir`` records it: its last update and a hash of its done.json,
+    which a rerun of that stage rewrites (``finished_at``). None when ``run_dir`` is not finished."""
+    path = run_dir / DONE
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    done = read_done(run_dir) or {}
+    return {"run": str(run_dir), "step": done.get("step"), "finished_at": done.get("finished_at"),
+            "sha256": hashlib.sha256(data).hexdigest()[:16]}
+
+
+def producers(**runs: Path | None) -> dict[str, Path]:
+    """The finished runs a stage reads, by role, leaving out those that are not runs (an external model: None)."""
+    return {name: Path(p) for name, p in runs.items() if p is not None}
+
+
+def record_inputs(run_dir: Path, producers: dict[str, Path]) -> dict[str, dict]:
+    """Write ``inputs.json``: the stamp of each finished run this stage run reads (e.g. ``{"pretrain": ...}``)."""
+    stamps = {name: s for name, p in producers.items() if (s := stamp(Path(p))) is not None}
+    _write_json(run_dir / INPUTS, stamps)
+    return stamps
+
+
+def recorded_inputs(run_dir: Path) -> dict[str, dict]:
+    """The stamps a run recorded of what it was built on (done.json's ``inputs``, else ``inputs.json`` of a run
+    still going); {} for runs written before minimodel recorded them."""
+    done = read_done(run_dir)
+    if done is not None and isinstance(done.get("inputs"), dict):
+        return done["inputs"]
+    path = run_dir / INPUTS
+    if path.is_file():
+        try:
+            info = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UserError(f"{path} is not valid JSON ({e}): delete {run_dir} to redo this stage") from e
+        return info if isinstance(info, dict) else {}
+    return {}
+
+
+def stale_inputs(run_dir: Path, producers: dict[str, Path]) -> list[str]:
+    """Why ``run_dir`` no longer matches the runs it was built on (``producers``: role -> the run the experiment
+    names for it now): one finished again since, or lost its done.json. [] when all are as recorded (or nothing
+    was recorded: a run written before minimodel recorded its inputs)."""
+    recorded = recorded_inputs(run_dir)
+    problems: list[str] = []
+    for name, producer in producers.items():
+        old = recorded.get(name)
+        if not isinstance(old, dict):
+            continue
+        now = stamp(producer)
+        if now is None:
+            problems.append(f"{run_dir} was built on the {name} run {producer}, which is no longer finished "
+                            f"(no done.json)")
+        elif now["sha256"] != old.get("sha256"):
+            problems.append(f"{run_dir} was built on the {name} run {producer} as it finished at update "
+                            f"{old.get('step')} ({old.get('finished_at') or 'time not recorded'}), but that run "
+                            f"finished again since (update {now['step']}, {now['finished_at'] or 'time not recorded'})")
+    return problems
+
+
+def check_inputs(run_dir: Path, producers: dict[str, Path]) -> None:
+    """A ``UserError`` when ``run_dir`` was built on runs that changed since (``stale_inputs``): what it holds
+    would not match the model it is used with."""
+    problems = stale_inputs(run_dir, producers)
+    if problems:
+        raise UserError("; ".join(problems) + f". What {run_dir} holds would not match the model it is used with: "
+                        f"delete {run_dir} (and the runs built on it) and rerun to redo it on the current model, or "
+                        f"restore the earlier run")
 
 
 # ------------------------------------------------------------------------------------ prepared data

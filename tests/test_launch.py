@@ -382,3 +382,27 @@ def test_paths_the_jobs_would_not_find_are_named_before_submitting(fake_slurm: P
     assert "# WARNING: the jobs run in" in capsys.readouterr().out
     monkeypatch.chdir(ROOT)
     assert submit(MINIJOINT, overrides, launcher="a100")
+
+
+def test_a_finished_step_built_on_an_earlier_run_is_not_left_out(fake_slurm: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture):
+    """adapt-de finished on the pretraining as it was; the pretraining finished again since: adapt-de is submitted
+    (its job then stops, naming both runs) rather than left out as finished."""
+    from minimodel.config import save_config
+    from minimodel.layout import stamp
+
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
+    steps = {s.name: s for s in plan(MINIJOINT, overrides)}
+    for name in ("pretrain", "adapt-de"):
+        run = Path(steps[name].run_dir)
+        run.mkdir(parents=True)
+        save_config(load_config(MINIJOINT, list(steps[name].args[2:])), run / "config.yaml")
+    pre, de = Path(steps["pretrain"].run_dir), Path(steps["adapt-de"].run_dir)
+    (pre / "done.json").write_text(json.dumps({"step": 10, "finished_at": "2026-01-01T00:00:00+00:00"}))
+    (de / "done.json").write_text(json.dumps({"step": 5, "inputs": {"body": stamp(pre)}}))
+    submit(MINIJOINT, overrides, launcher="a100")
+    assert "left out (finished with these settings: done.json): pretrain, adapt-de" in capsys.readouterr().out
+    (pre / "done.json").write_text(json.dumps({"step": 10, "finished_at": "2026-02-01T00:00:00+00:00"}))
+    names = [n for n, _ in submit(MINIJOINT, overrides, launcher="a100")]
+    assert "left out (finished with these settings: done.json): pretrain\n" in capsys.readouterr().out
+    assert "adapt-de" in names and "pretrain" not in names

@@ -24,7 +24,14 @@ from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_prepared_tokenizer, load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.flops import FlopSchedule, adapt_flops, v100_days
-from minimodel.layout import ADAPT_INFO, adaptation_checkpoint, adaptation_checkpoints, is_done, last_checkpoint
+from minimodel.layout import (
+    ADAPT_INFO,
+    adaptation_checkpoint,
+    adaptation_checkpoints,
+    is_done,
+    last_checkpoint,
+    producers,
+)
 from minimodel.log import get_logger, process_rank
 from minimodel.model import RobertaMLM
 from minimodel.surgery import (
@@ -173,4 +180,4 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
                         replace(a.trainer, ckpt_steps=ends), flops_per_update=flops, tokens_per_update=a.optim.global_batch * cfg.data.seq_len,
                         keep_steps=False, export=export, finish=finish)
 
-    return Runner(cfg, Stage(f"adapt/{cfg.lang}", run_dir, a.trainer.seed), prepare, build).run(progress_bar)
+    return Runner(cfg, Stage(f"adapt/{cfg.lang}", run_dir, a.trainer.seed, inputs=producers(body=r.body)), prepare, build).run(progress_bar)

@@ -13,7 +13,7 @@ from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.flops import bridge_flops
-from minimodel.layout import is_done
+from minimodel.layout import is_done, producers
 from minimodel.log import get_logger
 from minimodel.model import RobertaMLM
 from minimodel.surgery import bridge_trainable, build_minipost, primary_only, trainable_parameters
@@ -65,4 +65,4 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         return Training(module, mlm_datamodule(cfg, cfg.source_lang, b.optim, b.trainer.seed, tok), b.optim, b.trainer,
                         flops_per_update=flops, tokens_per_update=b.optim.global_batch * cfg.data.seq_len)
 
-    return Runner(cfg, Stage("bridge", r.bridge, b.trainer.seed), prepare, build).run(progress_bar)
+    return Runner(cfg, Stage("bridge", r.bridge, b.trainer.seed, inputs=producers(pretrain=r.pretrain)), prepare, build).run(progress_bar)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from minimodel import signals
 from minimodel.checkpoints import Adaptation, CheckpointError, Finetuned, load_adaptation, load_finetuned
 from minimodel.config import ExperimentConfig
 from minimodel.data.downstream import evaluate
@@ -26,7 +27,14 @@ from minimodel.data.prepare import load_prepared_tokenizer
 from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import TaskDataError
-from minimodel.layout import adaptation_checkpoints, checkpoint_step, finetuned_model, read_done
+from minimodel.layout import (
+    adaptation_checkpoints,
+    check_inputs,
+    checkpoint_step,
+    finetuned_model,
+    producers,
+    read_done,
+)
 from minimodel.locks import exclusive
 from minimodel.log import get_logger
 from minimodel.results import KEY, ResultsTable
@@ -97,6 +105,7 @@ class _StopOnSignal:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGUSR1):
                 self.old[sig] = signal.signal(sig, self._stop)
+        self.signal = signals.received() or ""  # one that came while the command started: stop before any row
         return self
 
     def _stop(self, signum: int, frame: Any) -> None:
@@ -148,11 +157,15 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
     device = device_for(cfg, local)
     cache: dict[tuple[str, tuple[str, ...], str], tuple[AnyTokenizer, list, list]] = {}
     plan = []  # (task, seed, lang, checkpoint)
+    if r.pretrain is not None and r.body != r.pretrain:  # a bridge (step 1b) built on the primary model
+        check_inputs(r.body, producers(pretrain=r.pretrain))
     for task in tasks:
         langs = [lang for lang in TaskData(task, cfg.tasks[task]).languages(cfg.target_langs)
                  if not cfg.lang or lang == cfg.lang]
         for seed in seeds:
+            check_inputs(r.finetune(task, seed), producers(pretrain=r.pretrain))  # nothing built on an older model
             for lang in langs:
+                check_inputs(r.adapt(lang), producers(body=r.body))
                 ckpts = adaptation_checkpoints(r.adapt(lang))
                 if not ckpts:
                     raise CheckpointError(f"no adaptation checkpoints for {lang} in {r.adapt(lang)} "

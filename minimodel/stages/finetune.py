@@ -31,7 +31,7 @@ from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.tasks import TaskData, pad_collate
 from minimodel.data.tokenizer import PAD
 from minimodel.errors import TaskDataError
-from minimodel.layout import finetuned_model, is_done, read_done
+from minimodel.layout import finetuned_model, is_done, producers, read_done
 from minimodel.log import get_logger
 from minimodel.model import RobertaMLM
 from minimodel.surgery import extract_mini, freeze_all_but, primary_only
@@ -187,7 +187,8 @@ def check_train_file(cfg: ExperimentConfig, task: str, run_dir: Path) -> None:
 
 
 def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool = True) -> StageResult:
-    run_dir = runs(cfg).finetune(task, seed, cfg.body)
+    r = runs(cfg)
+    run_dir = r.finetune(task, seed, cfg.body)
 
     def prepare() -> TaskData:
         check_task_fits(cfg, task)
@@ -230,7 +231,7 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
 
     check_train_file(cfg, task, run_dir)
     name = f"finetune/{task}/seed{seed}" + ("/mini" if cfg.body == "mini" else "")
-    return Runner(cfg, Stage(name, run_dir, seed), prepare, build).run(progress_bar)
+    return Runner(cfg, Stage(name, run_dir, seed, inputs=producers(pretrain=r.pretrain)), prepare, build).run(progress_bar)
 
 
 def run_all_finetuning(cfg: ExperimentConfig, progress_bar: bool = True) -> list[StageResult]:

@@ -14,6 +14,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
+from minimodel import signals
 from minimodel.checkpoints import link_or_copy, rng_state, set_rng_state
 from minimodel.flops import FlopSchedule, v100_days
 from minimodel.layout import LAST
@@ -57,6 +58,9 @@ class ScheduledCheckpoints(Callback):
                 self._old_handlers[sig] = signal.signal(sig, self._request_stop)
             except ValueError:  # not in the main thread
                 pass
+        early = signals.received()  # a signal while the stage was getting ready: stop after the first update
+        if early is not None:
+            self.stop_requested, self.signalled = f"{early} (received before training started)", True
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         for sig, handler in self._old_handlers.items():

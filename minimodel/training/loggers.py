@@ -69,6 +69,35 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
+def drop_stop_rows(run_dir: Path, update: int, log_every: int, val_every: int) -> None:
+    """After a run stopped at ``update`` (a signal, ``stop_at``, the wall-time cap): Lightning writes a row for the
+    stopping update, with whatever was last logged for the metrics not logged at every update (FLOPs, throughput
+    of an earlier update), and validates once more. An uninterrupted run has neither row unless ``update`` is on
+    its logging / validation grid: drop them, so that a resumed run's metrics.csv is the uninterrupted run's."""
+    path = run_dir / METRICS
+    if not path.is_file():
+        return
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames or [], list(reader)
+
+    def scheduled(row: dict) -> bool:
+        if not row.get("step") or int(row["step"]) != update - 1:  # Lightning's step column: update - 1
+            return True
+        validation = bool(row.get("val/loss")) and not row.get("train/loss")
+        return update % (val_every if validation else log_every) == 0
+
+    kept = [r for r in rows if scheduled(r)]
+    if len(kept) == len(rows):
+        return
+    tmp = path.with_name(f".{METRICS}.tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(kept)
+    os.replace(tmp, path)
+
+
 def make_loggers(cfg: ExperimentConfig, run_dir: Path, run_name: str) -> list[Logger]:
     """metrics.csv, and wandb unless disabled (Lightning creates the wandb run on rank 0 only)."""
     loggers: list[Logger] = [MetricsCSV(run_dir)]

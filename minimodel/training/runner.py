@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -21,12 +22,22 @@ from lightning.pytorch.callbacks import Callback
 from minimodel.checkpoints import CheckpointError, load_checkpoint
 from minimodel.config import ExperimentConfig, OptimConfig, TrainerConfig, check_finished, save_config
 from minimodel.flops import FlopSchedule
-from minimodel.layout import CONFIG, checkpoints, is_done, last_checkpoint, read_done, write_done
+from minimodel.layout import (
+    CONFIG,
+    check_inputs,
+    checkpoints,
+    is_done,
+    last_checkpoint,
+    read_done,
+    record_inputs,
+    recorded_inputs,
+    write_done,
+)
 from minimodel.locks import exclusive
 from minimodel.log import get_logger, process_rank, quiet_lightning
 from minimodel.training.callbacks import ScheduledCheckpoints, StageBar, StageProgress
 from minimodel.training.checkpoint_io import AtomicCheckpointIO
-from minimodel.training.loggers import make_loggers, truncate_metrics
+from minimodel.training.loggers import drop_stop_rows, make_loggers, truncate_metrics
 from minimodel.training.optim import accumulation
 
 log = get_logger(__name__)
@@ -40,6 +51,7 @@ class Stage:
     name: str
     run_dir: Path
     seed: int
+    inputs: dict[str, Path] = field(default_factory=dict)  # the finished runs it reads ({"pretrain": dir}): recorded
 
 
 @dataclass
@@ -154,15 +166,19 @@ class Runner(Generic[T]):
         if is_done(run_dir):
             done = read_done(run_dir) or {}  # a corrupt done.json: a UserError naming it
             check_finished(self.cfg, stage.name, run_dir)  # finished with other settings: a ConfigError listing them
+            check_inputs(run_dir, stage.inputs)  # built on a run that finished again since: a UserError naming both
             log.info(f"{run_dir} is complete; skipping")
             return StageResult(run_dir, Outcome.SKIPPED, done=done)
         if last_checkpoint(run_dir).exists():  # resuming: only with the settings the run started with
             check_finished(self.cfg, stage.name, run_dir, finished=False)
+            check_inputs(run_dir, stage.inputs)
         quiet_lightning()
         inputs = self.prepare()
         if process_rank() == 0:  # the other ranks of a distributed run write nothing but their share of checkpoints
             run_dir.mkdir(parents=True, exist_ok=True)
             save_config(self.cfg, run_dir / CONFIG)
+            if not last_checkpoint(run_dir).exists():  # a fresh run: what it is built on, as it is now
+                record_inputs(run_dir, stage.inputs)
         L.seed_everything(stage.seed, workers=True, verbose=False)
         training = self.build(inputs)
         t = training.trainer
@@ -185,13 +201,17 @@ class Runner(Generic[T]):
         trainer.fit(training.module, datamodule=training.datamodule, ckpt_path=str(resume[0]) if resume else None)
         step = trainer.global_step
         if step < training.optim.updates:
+            if trainer.is_global_zero:
+                drop_stop_rows(run_dir, step, t.log_every, t.val_every)
             outcome = Outcome.INTERRUPTED if ckpts.signalled else Outcome.STOPPED
             return StageResult(run_dir, outcome, step, ckpts.stop_requested or "stopped early")
         done: dict = {}
         if trainer.is_global_zero:
             done = {"stage": stage.name, "step": step, "checkpoint": str(last_checkpoint(run_dir)),
                     "flops": flops.at(step) if flops is not None else 0.0,
-                    "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}}
+                    "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+                    "inputs": recorded_inputs(run_dir),
+                    "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             if training.finish is not None:
                 done.update(training.finish(trainer))
             write_done(run_dir, done)
