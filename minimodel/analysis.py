@@ -96,6 +96,8 @@ NEAR_MAX = 0.95  # near-maximal performance: 95% of BL_BASE's final score
 # depth-sweep labels: minijoint-n2, minipost-n6 (a tag per depth), minijoint@l2 (one head of a multi-head model)
 _SWEEP = re.compile(r"^(?P<base>.+?)(?P<sep>-n|@l)(?P<depth>\d+)$")
 MISSING = "—"
+BELOW = "▼"  # a final score that does not beat the majority-class baseline
+AT_STEP0 = "at step 0"  # a target met before any adaptation
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,30 @@ class Results:
     seeds: set[int] = field(default_factory=set)
     n_rows: int = 0
     baselines: dict[tuple[str, str], float] = field(default_factory=dict)  # (task, lang) -> majority-class score
+    baseline_metrics: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)  # ... every metric
+
+    def set_baselines(self, baselines: Mapping[tuple[str, str], Mapping[str, float]] | None) -> None:
+        """The majority-class baseline of each (task, language), every metric; the main metric's is ``baselines``."""
+        self.baseline_metrics = {k: dict(v) for k, v in (baselines or {}).items()}
+        self.baselines = {(t, lang): v[self.metrics[t]] for (t, lang), v in self.baseline_metrics.items()
+                          if t in self.metrics and self.metrics[t] in v}
+
+    def below_baseline(self, system: str, task: str, lang: str) -> bool:
+        """The system's final score (mean over seeds) does not beat the majority-class baseline."""
+        final, base = self.final_stat(system, task, lang), self.baselines.get((task, lang))
+        return final is not None and base is not None and final.mean <= base + 1e-9
+
+    def step0_stat(self, system: str, task: str, lang: str) -> Stat | None:
+        """The score of the unadapted embeddings (adaptation step 0: the overlap initialisation) over seeds."""
+        seeds = self.by_seed.get((system, task, lang), {})
+        values = [p.score for c in seeds.values() for p in c if p.step == 0]
+        return stat(values) if values else None
+
+    def at_step0(self, system: str, task: str, lang: str) -> bool:
+        """The target is met before any adaptation: the time to target is that of step 0."""
+        curve = self.curves.get((system, task, lang))
+        target = self.target(task, lang)
+        return bool(curve) and target is not None and curve[0].step == 0 and curve[0].score >= target - 1e-9
 
     @property
     def systems(self) -> list[str]:
@@ -248,11 +274,13 @@ def time_to_target(xs: Sequence[float], scores: Sequence[float], target: float) 
 
 @dataclass(frozen=True)
 class Speedup:
-    """Mean over languages of BL_BASE days / system days; ``excluded``: languages with ∞ (or 0 days)."""
+    """Mean over languages of BL_BASE days / system days; ``excluded``: languages where a side never reaches
+    the target (∞); ``undefined``: languages where a side reaches it at step 0 (0 days: no ratio)."""
 
     mean: float  # nan when no language is usable
     used: tuple[str, ...]
     excluded: tuple[str, ...]
+    undefined: tuple[str, ...] = ()
 
 
 def speedups(base_days: Mapping[str, float], system_days: Mapping[str, float]) -> Speedup:
@@ -262,15 +290,17 @@ def speedups(base_days: Mapping[str, float], system_days: Mapping[str, float]) -
     >>> speedups({"ar": 10.0, "de": 2.0}, {"ar": 1.0, "de": 2.0}).mean  # (10 + 1) / 2, not 6 / 1.5
     5.5
     """
-    used, excluded, ratios = [], [], []
+    used, excluded, undefined, ratios = [], [], [], []
     for lang in sorted(set(base_days) & set(system_days)):
         b, s = base_days[lang], system_days[lang]
-        if math.isinf(b) or math.isinf(s) or s <= 0:
+        if math.isinf(b) or math.isinf(s):
             excluded.append(lang)
+        elif b <= 0 or s <= 0:  # the target is met before any adaptation: no compute to compare
+            undefined.append(lang)
         else:
             used.append(lang)
             ratios.append(b / s)
-    return Speedup(sum(ratios) / len(ratios) if ratios else math.nan, tuple(used), tuple(excluded))
+    return Speedup(sum(ratios) / len(ratios) if ratios else math.nan, tuple(used), tuple(excluded), tuple(undefined))
 
 
 BOOTSTRAP_REPS = 2000  # resamples of the seeds behind every interval
@@ -385,13 +415,16 @@ def time_to_target_interval(res: Results, system: str, task: str, reps: int = BO
                         len(mine), paired)
 
 
-def results_from_rows(rows: Iterable[dict]) -> Results:
-    """Average over seeds. A checkpoint counts only once every seed seen for its (system, task,
-    language) has it, so a half-finished evaluation does not mix seeds."""
+def results_from_rows(rows: Iterable[dict], main_metrics: Mapping[str, str] | None = None) -> Results:
+    """Average over seeds, main metric of each task (``main_metrics``, else F1 when the task has F1 rows,
+    accuracy otherwise). A checkpoint counts only once every seed seen for its (system, task, language) has it,
+    so a half-finished evaluation does not mix seeds."""
     rows = list(rows)
     res = Results(n_rows=len(rows))
     for r in rows:
-        if r.get("metric") == "f1":
+        if main_metrics and r["task"] in main_metrics:
+            res.metrics[r["task"]] = main_metrics[r["task"]]
+        elif r.get("metric") == "f1":
             res.metrics[r["task"]] = "f1"
         else:
             res.metrics.setdefault(r["task"], "accuracy")
@@ -425,10 +458,10 @@ def results_from_rows(rows: Iterable[dict]) -> Results:
     return res
 
 
-def load_results(runs_dir: str | Path, name: str) -> Results:
+def load_results(runs_dir: str | Path, name: str, main_metrics: Mapping[str, str] | None = None) -> Results:
     """Every ``{runs_dir}/{name}/*/results.jsonl`` (a partial last line is ignored)."""
     rows = [r for path in Layout(Path(runs_dir), name).all_results() for r in ResultsTable(path).rows()]
-    return results_from_rows(rows)
+    return results_from_rows(rows, main_metrics)
 
 
 # ---- formatting ---------------------------------------------------------------------------------
@@ -518,7 +551,8 @@ def table_final(res: Results) -> str:
             have = [p for p in finals if p is not None]
             flops = mean(p.flops for p in have)
             rows.append([system, str(len(res.seeds_of(system, task))),
-                         *(fmt_stat(res.final_stat(system, task, lang)) for lang in langs),
+                         *(fmt_stat(res.final_stat(system, task, lang))
+                           + (f" {BELOW}" if res.below_baseline(system, task, lang) else "") for lang in langs),
                          fmt_stat(res.average_stat(system, task)), fmt_days(flops / 1e18), fmt_days(v100_days(flops))])
         base = [res.baselines.get((task, lang)) for lang in langs]
         if any(b is not None for b in base):
@@ -531,6 +565,28 @@ def table_final(res: Results) -> str:
         blocks.append(_task_title(res, task) + "\n\n"
                       + _table(["system", "n", *langs, "avg", "EFLOPs", "V100-days"], rows))
     return "\n\n".join(blocks)
+
+
+def table_baselines(res: Results) -> str | None:
+    """Per task: every metric of the majority-class baseline per language, and each system's main-metric score
+    before adaptation (step 0: the unadapted, overlap-initialised embeddings). None when there is neither."""
+    blocks = []
+    for task in res.tasks:
+        langs = res.langs(task)
+        rows = []
+        names = sorted({m for (t, _), v in res.baseline_metrics.items() if t == task for m in v
+                        if not m.startswith("confusion/")}, key=lambda m: (m != res.metrics.get(task), m))
+        for m in names:
+            base = [res.baseline_metrics.get((task, lang), {}).get(m) for lang in langs]
+            rows.append([f"majority class (train): {m}", *(fmt_score(b) for b in base), fmt_score(_mean_or_none(base))])
+        for system in res.main_systems:
+            step0 = [res.step0_stat(system, task, lang) for lang in langs]
+            if any(x is not None for x in step0):
+                rows.append([f"{system} at step 0 ({res.metrics.get(task, '?')})", *(fmt_stat(x) for x in step0),
+                             fmt_score(_mean_or_none([None if x is None else x.mean for x in step0]))])
+        if rows:
+            blocks.append(_task_title(res, task) + "\n\n" + _table(["baseline", *langs, "avg"], rows))
+    return "\n\n".join(blocks) or None
 
 
 def table_time(res: Results) -> str | None:
@@ -546,7 +602,8 @@ def table_time(res: Results) -> str | None:
             if all(d is None for d in days):
                 continue
             ci = time_to_target_interval(res, system, task)
-            rows.append([system, *(fmt_days(d) for d in days), fmt_days(_mean_or_none(days)),
+            rows.append([system, *(AT_STEP0 if res.at_step0(system, task, lang) else fmt_days(d)
+                                   for lang, d in zip(langs, days)), fmt_days(_mean_or_none(days)),
                          fmt_interval(None if ci is None else ci.days)])
         blocks.append(_task_title(res, task) + "\n\n" + _table(["system", *langs, "avg", "95% interval"], rows))
     return "\n\n".join(blocks)
@@ -572,11 +629,16 @@ def table_speedup(res: Results) -> str | None:
         for task in res.tasks:
             sp = system_speedup(res, system, task)
             ci = time_to_target_interval(res, system, task)
-            cells.append(fmt_speedup(sp.mean) + (f" ({len(sp.used)}/{len(res.langs(task))} langs)" if sp.used else "")
+            head = "undefined" if not sp.used and sp.undefined else fmt_speedup(sp.mean)
+            cells.append(head + (f" ({len(sp.used)}/{len(res.langs(task))} langs)" if sp.used else "")
                          + f" {_speedup_interval(ci)}")
             if sp.excluded:
                 notes.append(f"{system} / {task}: {len(sp.excluded)} language(s) excluded (∞: the target is never "
                              f"reached by one side): {', '.join(sp.excluded)}")
+            if sp.undefined:
+                notes.append(f"{system} / {task}: speedup undefined in {', '.join(sp.undefined)}: the target is met "
+                             f"at step 0 by one side (it is at or below the score of the unadapted embeddings), so "
+                             f"there is no adaptation compute to compare; left out of the mean")
         rows.append([system, *cells])
     text = _table(["system", *res.tasks], rows)
     if notes:
@@ -602,7 +664,8 @@ def table_depth(res: Results) -> str | None:
     for task in res.tasks:
         langs = res.langs(task)
         days = {s: [res.days_to_target(s, task, lang) for lang in langs] for s in columns}
-        rows = [[lang, *(fmt_days(days[s][i]) for s in columns)] for i, lang in enumerate(langs)]
+        rows = [[lang, *(AT_STEP0 if res.at_step0(s, task, lang) else fmt_days(days[s][i]) for s in columns)]
+                for i, lang in enumerate(langs)]
         rows.append(["avg", *(fmt_days(_mean_or_none(days[s])) for s in columns)])
         rows.append(["speedup", *(MISSING if s == REFERENCE else fmt_speedup(system_speedup(res, s, task).mean)
                                   for s in columns)])
@@ -707,7 +770,7 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
     if not res.curves and not res.english:
         return "\n".join(out + ["No results yet (no `*/results.jsonl` rows): run `minimodel evaluate` first.", ""])
     out += [f"Systems: {', '.join(res.systems) or MISSING}. Tasks: {', '.join(res.tasks) or MISSING} "
-            f"(main metric: F1 for QA, accuracy otherwise; test split). Scores are mean ± standard deviation over "
+            f"(main metric: {', '.join(f'{t}: {m}' for t, m in sorted(res.metrics.items()))}; test split). Scores are mean ± standard deviation over "
             f"finetuning seeds (n per system in Table 2; seeds {', '.join(map(str, sorted(res.seeds)))}); curves, "
             f"times to target and speedups use the seed-averaged scores, and their 95% intervals come from "
             f"{BOOTSTRAP_REPS} bootstrap resamples of the seeds (paired when two systems share seeds). A speedup "
@@ -716,8 +779,22 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
         out += ["## Performance at training completion (Table 2)", "",
                 "Zero-shot score at the last adaptation checkpoint per target language, its average over the "
                 "task's languages (— when a language is missing), and the cost of step 2 (embedding adaptation) "
-                "per language in EFLOPs and V100-days (30 TFLOP/s). The last row is the near-maximal target.", "",
+                "per language in EFLOPs and V100-days (30 TFLOP/s). The last row is the near-maximal target. "
+                f"{BELOW}: the score does not beat the majority-class baseline (always the most frequent training "
+                "label).", "",
                 table_final(res), ""]
+        flagged = below_baseline_list(res)
+        if flagged:
+            out += [f"**{BELOW} Below the majority-class baseline:** {flagged}. A model that does not beat always "
+                    "predicting the most frequent label has learned nothing usable there; check the task's label "
+                    "balance and its other metrics (baselines below) before reading the other tables.", ""]
+        baselines = table_baselines(res)
+        if baselines:
+            out += ["## Baselines", "",
+                    "Every metric of the majority-class baseline (the most frequent English training label, "
+                    "predicted for every test example), and each system's score before adaptation (step 0: "
+                    "the unadapted target embeddings, initialised from the pieces shared with the source "
+                    "language).", "", baselines, ""]
         time_table = table_time(res)
         if time_table is None:
             out += [NO_REFERENCE, ""]
@@ -726,7 +803,9 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
                     f"Adaptation V100-days until the score first reaches {NEAR_MAX:.0%} of BL_BASE's final score for "
                     "that task and language (the same target for every system), linearly interpolated between the "
                     "checkpoint before and the first checkpoint that reaches it; ∞ when never reached "
-                    "(the average is then ∞ too).", "", time_table, ""]
+                    f"(the average is then ∞ too); *{AT_STEP0}* when already reached before any adaptation (the "
+                    "target is at or below the score of the unadapted embeddings: no compute is needed, and "
+                    "speedups there are undefined).", "", time_table, ""]
             speed = table_speedup(res)
             if speed:
                 out += ["## Speedup over BL_BASE (Figure 1)", "",
@@ -762,13 +841,14 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
 
 
 def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
-                 baselines: Mapping[tuple[str, str], float] | None = None,
-                 depths: Mapping[str, int] | None = None, variants: Mapping[str, Any] | None = None) -> Path:
+                 baselines: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
+                 depths: Mapping[str, int] | None = None, variants: Mapping[str, Any] | None = None,
+                 main_metrics: Mapping[str, str] | None = None) -> Path:
     """Read every ``{runs_dir}/{name}/*/results.jsonl``; write ``report.md`` (default
     ``{runs_dir}/{name}/report.md``) and its PNGs under ``plots/`` next to it. Returns the report path.
-    ``baselines``: (task, lang) -> majority-class score, shown under Table 2."""
-    res = load_results(runs_dir, name)
-    res.baselines = dict(baselines or {})
+    ``baselines``: (task, lang) -> metric -> majority-class score; ``main_metrics``: task -> main metric."""
+    res = load_results(runs_dir, name, main_metrics)
+    res.set_baselines(baselines)
     out = Path(out) if out is not None else Layout(Path(runs_dir), name).report
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs = plot_curves(res, out.parent / "plots") if res.curves else {}
@@ -805,13 +885,28 @@ def summary_text(res: Results) -> str:
         if any(b is not None for b in base):
             per_lang = ", ".join(f"{lang} {fmt_score(b)}" for lang, b in zip(res.langs(task), base))
             lines.append(f"{task:<10} {'majority class':<16} {fmt_score(_mean_or_none(base)):>7}{'':<6}   ({per_lang})")
+    flagged = below_baseline_list(res)
+    if flagged:
+        lines.append(f"{BELOW} below the majority-class baseline: {flagged}")
     if not has_ref:
         lines.append(NO_REFERENCE)
     return "\n".join(lines)
 
 
-def summary(runs_dir: str | Path, name: str, baselines: Mapping[tuple[str, str], float] | None = None) -> str:
+def below_baseline_list(res: Results) -> str:
+    """``system / task: langs; ...`` for every final score that does not beat the majority class ("" if none)."""
+    parts = []
+    for task in res.tasks:
+        for system in res.systems:
+            langs = [lang for lang in res.langs(task) if res.below_baseline(system, task, lang)]
+            if langs:
+                parts.append(f"{system} / {task}: {', '.join(langs)}")
+    return "; ".join(parts)
+
+
+def summary(runs_dir: str | Path, name: str, baselines: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
+            main_metrics: Mapping[str, str] | None = None) -> str:
     """A short plain-text table for the end of a demo (see ``summary_text``)."""
-    res = load_results(runs_dir, name)
-    res.baselines = dict(baselines or {})
+    res = load_results(runs_dir, name, main_metrics)
+    res.set_baselines(baselines)
     return summary_text(res)

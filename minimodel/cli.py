@@ -109,22 +109,37 @@ def mini_depths(config: str, overrides: list[str]) -> dict[str, int]:
     return {label: v.depth for label, v in variant_infos(config, overrides).items() if v.plain}
 
 
+def report_tasks(cfg: ExperimentConfig) -> list[str]:
+    """The tasks the experiment's results hold (every one this configuration defines), its own tasks first."""
+    from minimodel.layout import Layout
+    from minimodel.results import ResultsTable
+
+    found = {r["task"] for f in Layout.of(cfg).all_results() for r in ResultsTable(f).rows()}
+    unknown = sorted(found - set(cfg.tasks))
+    if unknown:
+        log.warning(f"results of task(s) {unknown} are not defined under tasks: in this experiment: their report "
+                    f"has no majority-class baseline")
+    return list(dict.fromkeys([*cfg.finetune.tasks, *sorted(found & set(cfg.tasks))]))
+
+
 def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.analysis import summary, write_report
     from minimodel.data.tasks import TaskData, majority_baseline
 
-    baselines = {}
-    for task in cfg.finetune.tasks:
-        data = TaskData(task, cfg.tasks[task])
+    baselines: dict[tuple[str, str], dict[str, float]] = {}
+    main_metrics: dict[str, str] = {}
+    for task in report_tasks(cfg):
         try:
+            data = TaskData(task, cfg.tasks[task])
+            main_metrics[task] = data.metric
             langs = [cfg.source_lang, *data.languages(cfg.target_langs)]
             baselines.update({(task, lang): v for lang, v in majority_baseline(data, langs).items()})
         except Exception as e:  # the hub may be out of reach: the report goes on without the baseline
             log.warning(f"no majority-class baseline for {task}: {e}")
     path = write_report(cfg.runs_dir, cfg.name, out=Path(args.out) if args.out else None, baselines=baselines,
                         depths=mini_depths(args.config, args.overrides),
-                        variants=variant_infos(args.config, args.overrides))
-    print(summary(cfg.runs_dir, cfg.name, baselines=baselines))
+                        variants=variant_infos(args.config, args.overrides), main_metrics=main_metrics)
+    print(summary(cfg.runs_dir, cfg.name, baselines=baselines, main_metrics=main_metrics))
     print(f"report: {path}")
     from minimodel.results import ResultsTable
     from minimodel.wandb_results import log_report

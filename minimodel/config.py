@@ -215,6 +215,8 @@ class TaskConfig:
     n_best: int = 20
     max_train_examples: int = 0  # 0 = all
     langs: list[str] = field(default_factory=list)  # evaluation languages ([] = target_langs the task has)
+    metrics: list[str] = field(default_factory=list)  # [] = the kind's default (accuracy; QA: f1, exact_match)
+    main_metric: str = ""  # drives targets, speedups and plots ("" = accuracy; QA: f1)
 
 
 def _paper_tasks() -> dict[str, TaskConfig]:
@@ -240,6 +242,13 @@ class FinetuneConfig:
 
 
 @dataclass
+class EvaluateConfig:
+    # predictions (id, gold, predicted, probabilities) as JSONL beside results.jsonl: none | final (the last
+    # adaptation checkpoint of each language, once that adaptation is finished) | all (every checkpoint)
+    save_predictions: str = "final"
+
+
+@dataclass
 class LoggingConfig:
     wandb: str = "auto"  # auto (offline unless an API key is configured) | online | offline | disabled
     project: str = ""  # default: minimodel-{name}
@@ -253,6 +262,7 @@ class ExperimentConfig:
     tag: str = ""  # variant of the system within the experiment (run dir {system}-{tag}), e.g. n6 in a sweep
     sweep: list[str] = field(default_factory=list)  # `minimodel run` runs one variant per entry ("k=v k=v")
     runs_dir: str = "runs"
+    models_from: str = ""  # another experiment's name: reuse its pretrained, bridged and adapted models (read only)
     source_lang: str = "en"
     target_langs: list[str] = field(default_factory=list)
     lang: str = ""  # target language of one `minimodel adapt` call
@@ -266,6 +276,7 @@ class ExperimentConfig:
     task: str = ""  # the task of one `minimodel finetune` call
     seed: int = 0  # the seed of one `minimodel finetune` call
     body: str = "primary"  # finetune the primary model, or (MiniJoint) its mini-model: English table 5
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     @property
@@ -455,6 +466,11 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     def fail(msg: str) -> None:
         raise ConfigError(f"{source}: {msg}")
 
+    if cfg.evaluate.save_predictions not in ("none", "final", "all"):
+        fail(f"evaluate.save_predictions must be none, final or all, got {cfg.evaluate.save_predictions!r}")
+    if cfg.models_from and (cfg.models_from == cfg.name or not re.fullmatch(r"[A-Za-z0-9_.-]+", cfg.models_from)):
+        fail(f"models_from={cfg.models_from!r}: the name of another experiment (its runs are "
+             f"{{runs_dir}}/{{models_from}}), not this one's ({cfg.name!r})")
     if cfg.adapt.tag and not re.fullmatch(r"[A-Za-z0-9_-]+", cfg.adapt.tag):
         fail(f"adapt.tag={cfg.adapt.tag!r}: use letters, digits, '-' and '_' (it names run directories)")
     _validate_sizes(cfg, fail)
@@ -593,6 +609,12 @@ def _validate_tasks(cfg: ExperimentConfig, fail: Any) -> None:
             fail(f"tasks.{name}.kind must be 'hub' or 'local', got {t.kind!r}")
         if t.kind == "local" and not t.source:
             fail(f"tasks.{name}: a local task needs tasks.{name}.source (its data directory)")
+    from minimodel.task_metrics import check_metrics
+
+    for name, t in cfg.tasks.items():
+        problem = check_metrics(name, t.kind == "hub" and name in ("mlqa", "xquad"), t.metrics, t.main_metric)
+        if problem:
+            fail(problem)
     for name in cfg.finetune.tasks:
         if name not in cfg.tasks:
             fail(f"finetune.tasks names '{name}', which is not defined under tasks: (defined: {sorted(cfg.tasks)})")

@@ -53,10 +53,16 @@ class Layout:
 
     runs_dir: Path
     name: str
+    models_from: str = ""  # another experiment whose pretrained, bridged and adapted runs this one reuses
 
     @classmethod
     def of(cls, cfg: ExperimentConfig) -> Layout:
-        return cls(Path(cfg.runs_dir), cfg.name)
+        return cls(Path(cfg.runs_dir), cfg.name, cfg.models_from)
+
+    @property
+    def models_root(self) -> Path:
+        """Where the runs of steps 1, 1b and 2 live: this experiment's, or ``models_from``'s (read only)."""
+        return self.runs_dir / (self.models_from or self.name)
 
     @property
     def root(self) -> Path:
@@ -74,19 +80,23 @@ class Layout:
         return self.root / label
 
     def pretrain(self, label: str) -> Path:
-        return self.system(label) / "pretrain"
+        return self.models_root / label / "pretrain"
 
     def bridge(self, label: str) -> Path:
-        return self.system(label) / "bridge"
+        return self.models_root / label / "bridge"
 
     def adapt(self, label: str, lang: str) -> Path:
-        return self.system(label) / "adapt" / lang
+        return self.models_root / label / "adapt" / lang
 
     def finetune(self, label: str, task: str, seed: int, body: str = "primary") -> Path:
         return self.system(label) / ("finetune" if body == "primary" else f"finetune_{body}") / task / f"seed{seed}"
 
     def results(self, label: str) -> Path:
         return self.system(label) / RESULTS
+
+    def predictions(self, label: str, task: str, lang: str, seed: int, step: int) -> Path:
+        """Saved predictions of one evaluation (``evaluate.save_predictions``), beside the system's results."""
+        return self.system(label) / "predictions" / task / lang / f"seed{seed}-step{step:07d}.jsonl"
 
     def all_results(self) -> list[Path]:
         return sorted(self.root.glob(f"*/{RESULTS}"))

@@ -14,7 +14,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
-from torchmetrics.functional.classification import multiclass_accuracy
+from torchmetrics.functional.classification import (
+    multiclass_accuracy,
+    multiclass_confusion_matrix,
+    multiclass_f1_score,
+)
 
 MLQA_ARTICLES = {
     "en": r"\b(a|an|the)\b",
@@ -119,3 +123,26 @@ def mlqa_scores(
 def accuracy(preds: torch.Tensor, target: torch.Tensor, num_classes: int) -> float:
     """Micro-averaged accuracy x100; ``preds`` are class ids ``(N,)`` or logits ``(N, num_classes)``."""
     return 100.0 * multiclass_accuracy(preds, target, num_classes=num_classes, average="micro").item()
+
+
+def classification_scores(preds: torch.Tensor, target: torch.Tensor, labels: Sequence[str],
+                          metrics: Sequence[str]) -> dict[str, float]:
+    """``metrics`` (``task_metrics.CLASSIFICATION``) of class ids ``preds`` against ``target`` with torchmetrics, as
+    percentages (counts for the confusion matrix): ``accuracy``, ``macro_f1`` (over the classes present in the gold
+    labels or the predictions), ``per_class_f1`` (``f1/LABEL``), ``confusion`` (``confusion/GOLD/PREDICTED``)."""
+    k = len(labels)
+    out: dict[str, float] = {}
+    for m in metrics:
+        if m == "accuracy":
+            out[m] = accuracy(preds, target, k)
+        elif m == "macro_f1":
+            out[m] = 100.0 * multiclass_f1_score(preds, target, num_classes=k, average="macro").item()
+        elif m == "per_class_f1":
+            per = multiclass_f1_score(preds, target, num_classes=k, average="none")
+            out.update({f"f1/{label}": 100.0 * float(v) for label, v in zip(labels, per.tolist())})
+        elif m == "confusion":
+            cm = multiclass_confusion_matrix(preds, target, num_classes=k).tolist()
+            out.update({f"confusion/{labels[g]}/{labels[p]}": float(cm[g][p]) for g in range(k) for p in range(k)})
+        else:
+            raise ValueError(f"unknown classification metric {m!r}")
+    return out

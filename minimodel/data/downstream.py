@@ -1,5 +1,6 @@
-"""Task heads and batched evaluation of a (body, head) pair on a task's featurised records: accuracy for
-classification, SQuAD / MLQA F1 and exact match for extractive QA. Loading and featurising tasks is
+"""Task heads and batched evaluation of a (body, head) pair on a task's featurised records: the task's metrics
+(accuracy, macro-F1, per-class F1, confusion for classification; SQuAD / MLQA F1 and exact match for extractive
+QA) and its predictions. Loading and featurising tasks is
 ``data.tasks`` (``TaskData``), which does not need torch."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from minimodel.data.tasks import TaskData, decode_spans, pad_collate
-from minimodel.metrics import MLQA_ARTICLES, accuracy, mlqa_scores, squad_scores
+from minimodel.metrics import MLQA_ARTICLES, classification_scores, mlqa_scores, squad_scores
 from minimodel.model import RobertaMLM
 
 
@@ -24,7 +25,7 @@ def task_head(task: TaskData, hidden: int, dropout: float) -> nn.Module:
 @torch.no_grad()
 def predict(body: RobertaMLM, head: nn.Module, features: list[dict[str, Any]], batch_size: int,
             device: torch.device) -> list[Any]:
-    """Per feature: the predicted class id, or (start_logits, end_logits) trimmed to its length."""
+    """Per feature: (predicted class id, class probabilities), or (start_logits, end_logits) trimmed to its length."""
     body.eval()
     head.eval()
     half = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float16
@@ -39,17 +40,13 @@ def predict(body: RobertaMLM, head: nn.Module, features: list[dict[str, Any]], b
             start, end = (t.float().cpu() for t in logits)
             out.extend((start[j, :len(f["input_ids"])], end[j, :len(f["input_ids"])]) for j, f in enumerate(chunk))
         else:
-            out.extend(logits.float().argmax(-1).cpu().tolist())
+            logits = logits.float().cpu()
+            out.extend(zip(logits.argmax(-1).tolist(), logits.softmax(-1).tolist()))
     return out
 
 
-def score(task: TaskData, records: list[dict[str, Any]], features: list[dict[str, Any]], predictions: list[Any],
-          lang: str) -> dict[str, float]:
-    """accuracy for classification; F1/EM (MLQA's normalisation for MLQA, SQuAD's otherwise) for QA."""
-    if not task.is_qa:
-        preds = torch.tensor(predictions)
-        target = torch.tensor([f["label"] for f in features])
-        return {"accuracy": accuracy(preds, target, len(task.labels))}
+def _answers(task: TaskData, records: list[dict[str, Any]], features: list[dict[str, Any]],
+             predictions: list[Any]) -> dict[str, str]:
     by_example: dict[str, list] = defaultdict(list)
     for f, (start, end) in zip(features, predictions):
         by_example[f["example_id"]].append((start, end, f["offsets"]))
@@ -58,12 +55,38 @@ def score(task: TaskData, records: list[dict[str, Any]], features: list[dict[str
         parts = by_example.get(rec["id"], [])
         answers[rec["id"]] = decode_spans([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts],
                                           rec["context"], task.cfg.n_best, task.cfg.max_answer_len)
+    return answers
+
+
+def score(task: TaskData, records: list[dict[str, Any]], features: list[dict[str, Any]], predictions: list[Any],
+          lang: str) -> dict[str, float]:
+    """The task's metrics (``task.metrics``): accuracy, macro-F1, per-class F1, confusion counts for
+    classification (torchmetrics); F1 / exact match for QA (MLQA's normalisation for MLQA, SQuAD's otherwise)."""
+    if not task.is_qa:
+        preds = torch.tensor([p for p, _ in predictions])
+        target = torch.tensor([f["label"] for f in features])
+        return classification_scores(preds, target, task.labels, task.metrics)
+    answers = _answers(task, records, features, predictions)
     refs = {rec["id"]: list(rec["answers"]["text"]) for rec in records}
     if task.name == "mlqa" and lang in MLQA_ARTICLES:
         s = mlqa_scores(answers, refs, lang)
     else:
         s = squad_scores(answers, refs)
-    return {"f1": s["f1"], "exact_match": s["exact_match"]}
+    return {m: s[m] for m in task.metrics}
+
+
+def prediction_rows(task: TaskData, records: list[dict[str, Any]], features: list[dict[str, Any]],
+                    predictions: list[Any]) -> list[dict[str, Any]]:
+    """One row per example: ``id`` (the record's, else its position), ``gold``, ``predicted`` and, for
+    classification, ``probabilities`` by label (QA: the gold answers and the predicted answer text)."""
+    if task.is_qa:
+        answers = _answers(task, records, features, predictions)
+        return [{"id": rec["id"], "gold": list(rec["answers"]["text"]), "predicted": answers[rec["id"]]}
+                for rec in records]
+    labels = task.labels
+    return [{"id": rec.get("id", i), "gold": labels[f["label"]], "predicted": labels[p],
+             "probabilities": {label: round(q, 6) for label, q in zip(labels, probs)}}
+            for i, (rec, f, (p, probs)) in enumerate(zip(records, features, predictions))]
 
 
 def evaluate(task: TaskData, body: RobertaMLM, head: nn.Module, records: list[dict[str, Any]],

@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from minimodel.config import TaskConfig
 from minimodel.data.tokenizer import PAD, AnyTokenizer
 from minimodel.errors import TaskDataError
+from minimodel.task_metrics import majority_scores, metrics_of
 
 if TYPE_CHECKING:  # torch is imported where tensors are made, so that reading tasks (the report) stays light
     import torch
@@ -545,7 +545,13 @@ class TaskData:
 
     @property
     def metric(self) -> str:
-        return "f1" if self.is_qa else "accuracy"
+        """The main metric (``tasks.X.main_metric``; accuracy, or F1 for QA)."""
+        return metrics_of(self.is_qa, self.cfg.metrics, self.cfg.main_metric)[1]
+
+    @property
+    def metrics(self) -> list[str]:
+        """The metrics evaluation reports (``tasks.X.metrics``, the main one included)."""
+        return metrics_of(self.is_qa, self.cfg.metrics, self.cfg.main_metric)[0]
 
     def languages(self, target_langs: list[str]) -> list[str]:
         """Evaluation languages: ``tasks.X.langs`` or the experiment's targets this task has."""
@@ -577,14 +583,12 @@ class TaskData:
         return feature_rows(encode_classification(records, tokenizer, self.text_fields, self.cfg.max_len))
 
 
-def majority_baseline(task: TaskData, langs: list[str]) -> dict[str, float]:
-    """Accuracy of always predicting the most frequent label of the English training data, per language."""
+def majority_baseline(task: TaskData, langs: list[str]) -> dict[str, dict[str, float]]:
+    """Per language, every metric of the task (``task.metrics``) for always predicting the most frequent label
+    of the English training data; {} for QA."""
     if task.is_qa:
         return {}
-    counts = Counter(r["label"] for r in task.records("train"))
-    top = counts.most_common(1)[0][0]
-    out = {}
-    for lang in langs:
-        labels = [int(r["label"]) for r in task.records("test", lang)]
-        out[lang] = 100.0 * sum(label == top for label in labels) / max(1, len(labels))
-    return out
+    train = [int(r["label"]) for r in task.records("train")]
+    return {lang: majority_scores(train, [int(r["label"]) for r in task.records("test", lang)], task.labels,
+                                  task.metrics)
+            for lang in langs}

@@ -8,6 +8,7 @@ evaluation resumes without duplicates."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -22,7 +23,7 @@ from tqdm import tqdm
 from minimodel import signals
 from minimodel.checkpoints import Adaptation, CheckpointError, Finetuned, load_adaptation, load_finetuned
 from minimodel.config import ExperimentConfig
-from minimodel.data.downstream import evaluate
+from minimodel.data.downstream import predict, prediction_rows, score
 from minimodel.data.prepare import load_prepared_tokenizer
 from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import AnyTokenizer
@@ -32,6 +33,7 @@ from minimodel.layout import (
     check_inputs,
     checkpoint_step,
     finetuned_model,
+    is_done,
     producers,
     read_done,
 )
@@ -126,6 +128,15 @@ def shard() -> tuple[int, int, int]:
     return rank, world, local
 
 
+def save_predictions(path: Path, rows: list[dict]) -> None:
+    """One JSON object per example (id, gold, predicted, probabilities), written whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    os.replace(tmp, path)
+
+
 def selection(cfg: ExperimentConfig) -> str:
     """The part of the system's evaluations one command does: ``all``, or e.g. ``lang=de``, ``task=xnli-seed=2``."""
     parts = [f"task={cfg.task}" if cfg.task else "", f"seed={cfg.seed}" if cfg.seed else "",
@@ -148,15 +159,12 @@ def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Evaluation:
             wandb.close()
 
 
-def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogger, stop: _StopOnSignal) -> Evaluation:
-    table = ResultsTable(r.results)
-    done = table.keys()
-    tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
-    seeds = [cfg.seed] if cfg.seed else list(cfg.finetune.seeds)
-    rank, world, local = shard()
-    device = device_for(cfg, local)
-    cache: dict[tuple[str, tuple[str, ...], str], tuple[AnyTokenizer, list, list]] = {}
-    plan = []  # (task, seed, lang, checkpoint)
+def evaluation_plan(cfg: ExperimentConfig, r: Runs, tasks: list[str], seeds: list[int]
+                    ) -> tuple[list[tuple[str, int, str, Path]], set[Path]]:
+    """Every (task, seed, language, adaptation checkpoint) of the selection, and the last checkpoint of each
+    finished adaptation (its predictions are saved by default). Refuses runs built on a model that changed since."""
+    plan = []
+    finals: set[Path] = set()
     if r.pretrain is not None and r.body != r.pretrain:  # a bridge (step 1b) built on the primary model
         check_inputs(r.body, producers(pretrain=r.pretrain))
     for task in tasks:
@@ -171,6 +179,21 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
                     raise CheckpointError(f"no adaptation checkpoints for {lang} in {r.adapt(lang)} "
                                           f"(run `minimodel adapt ... lang={lang}`)")
                 plan += [(task, seed, lang, c) for c in ckpts]
+                if is_done(r.adapt(lang)):
+                    finals.add(ckpts[-1])
+    return plan, finals
+
+
+def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogger, stop: _StopOnSignal) -> Evaluation:
+    table = ResultsTable(r.results)
+    done = table.keys()
+    tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
+    seeds = [cfg.seed] if cfg.seed else list(cfg.finetune.seeds)
+    rank, world, local = shard()
+    device = device_for(cfg, local)
+    cache: dict[tuple[str, tuple[str, ...], str], tuple[AnyTokenizer, list, list]] = {}
+    plan, finals = evaluation_plan(cfg, r, tasks, seeds)
+    keep = cfg.evaluate.save_predictions
     bodies = ("primary", "mini") if of(cfg).mini_finetune else ("primary",)
     english = [row for task in tasks for seed in seeds for body in bodies
                for row in english_rows(cfg, task, seed, body) if tuple(row[k] for k in KEY) not in done]
@@ -214,7 +237,11 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
         check_adaptation(adapted, cfg, lang, path)
         plug_embeddings(body, adapted, tok.sha256, tok.vocab_size)
         body.to(device)
-        scores = evaluate(data, body, head, records, features, lang, cfg.finetune.eval_batch, device)
+        predictions = predict(body, head, features, cfg.finetune.eval_batch, device)
+        scores = score(data, records, features, predictions, lang)
+        if keep == "all" or (keep == "final" and path in finals):
+            save_predictions(r.layout.predictions(r.label, task, lang, seed, int(adapted.step)),
+                             prediction_rows(data, records, features, predictions))
         base = {"system": r.label, "body": "primary", "task": task, "lang": lang, "seed": seed,
                 "step": int(adapted.step), "flops": float(adapted.flops), "v100_days": float(adapted.v100_days),
                 "split": "test"}

@@ -20,10 +20,11 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from minimodel.checkpoints import CheckpointError, load_checkpoint
-from minimodel.config import ExperimentConfig, OptimConfig, TrainerConfig, check_finished, save_config
+from minimodel.config import ConfigError, ExperimentConfig, OptimConfig, TrainerConfig, check_finished, save_config
 from minimodel.flops import FlopSchedule
 from minimodel.layout import (
     CONFIG,
+    Layout,
     check_inputs,
     checkpoints,
     is_done,
@@ -158,6 +159,11 @@ class Runner(Generic[T]):
 
     def run(self, progress_bar: bool = True) -> StageResult:
         """The stage, holding its directory's lock (a second copy of the same command fails at once)."""
+        root = Layout.of(self.cfg).root
+        if self.cfg.models_from and not self.stage.run_dir.resolve().is_relative_to(root.resolve()):
+            raise ConfigError(f"{self.stage.name}: {self.stage.run_dir} belongs to experiment {self.cfg.models_from}, "
+                              f"whose models this one reuses (models_from) and never writes to: run this step in "
+                              f"that experiment")
         with exclusive(self.stage.run_dir, f"stage {self.stage.name}"):
             return self._run(progress_bar)
 

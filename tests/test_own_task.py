@@ -1,0 +1,109 @@
+"""A user's own task, as the README's "Your own task" runs it: a CSV task with its own column names, imbalanced,
+in a new experiment that extends another and reuses its models (models_from); metrics beyond accuracy, saved
+predictions, and a report with the task's baselines."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from minimodel.cli import main
+from minimodel.config import ConfigError, load_config
+from minimodel.pipeline import plan
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+LOHELP = ROOT / "data" / "demo" / "task" / "lohelp"
+
+
+def write_task(root: Path) -> Path:
+    """'Is this paragraph about Calc?' from the bundled task: columns passage / about_calc, 'no' the majority."""
+    root.mkdir(parents=True)
+    for src, dst, limit in (("train.jsonl", "train.csv", 300), ("dev.jsonl", "dev.csv", 100),
+                            ("test.en.jsonl", "test.en.csv", 120), ("test.de.jsonl", "test.de.csv", 120),
+                            ("test.tr.jsonl", "test.tr.csv", 120)):
+        records = [json.loads(line) for line in (LOHELP / src).read_text(encoding="utf-8").splitlines()]
+        calc = [r for r in records if r["label"] == "scalc"][: limit // 5]
+        other = [r for r in records if r["label"] != "scalc"][: limit - len(calc)]
+        with open(root / dst, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["passage", "about_calc"])
+            w.writerows([[r["text"], "yes" if r["label"] == "scalc" else "no"] for r in other + calc])
+    return root
+
+
+@pytest.fixture(scope="module")
+def own_task(tiny_finetuned, tmp_path_factory):
+    tmp, cfg, args = tiny_finetuned
+    task_dir = write_task(tmp_path_factory.mktemp("calc") / "calc")
+    exp = task_dir.parent / "calc.yaml"
+    exp.write_text(f"""extends: {ROOT / 'experiments' / 'tiny.yaml'}
+name: calc
+models_from: tiny
+tasks:
+  calc:
+    kind: local
+    source: {task_dir}
+    text_fields: [passage]
+    label_field: about_calc
+    lr: 1.0e-3
+    max_len: 64
+    metrics: [accuracy, macro_f1, per_class_f1, confusion]
+    main_metric: macro_f1
+""")
+    overrides = [*args[1:], "finetune.tasks=[calc]", "finetune.seeds=[1]", "logging.wandb=disabled"]
+    reused = Path(cfg.runs_dir) / "tiny"
+    before = {p: p.stat().st_mtime_ns for p in reused.rglob("*")}
+    assert main(["run", str(exp), *overrides, "--no-progress"]) == 0
+    after = {p: p.stat().st_mtime_ns for p in reused.rglob("*")}
+    return {"exp": exp, "overrides": overrides, "runs": Path(cfg.runs_dir), "before": before, "after": after}
+
+
+def test_a_new_experiment_reuses_the_models_and_writes_nothing_there(own_task):
+    assert own_task["after"] == own_task["before"]  # no file added, none touched (mtimes equal)
+    names = [s.name for s in plan(own_task["exp"], own_task["overrides"])]
+    assert names == ["prepare", "finetune-calc-s1", "evaluate-de", "evaluate-tr", "report"]  # no pretrain, no adapt
+    mine = own_task["runs"] / "calc" / "bl_base"
+    assert (mine / "finetune" / "calc" / "seed1" / "model.pt").is_file() and (mine / "results.jsonl").is_file()
+    done = json.loads((mine / "finetune" / "calc" / "seed1" / "done.json").read_text())
+    assert done["inputs"]["pretrain"]["run"] == str(own_task["runs"] / "tiny" / "bl_base" / "pretrain")
+
+
+def test_steps_of_the_reused_experiment_are_refused(own_task, capsys):
+    assert main(["adapt", str(own_task["exp"]), *own_task["overrides"], "lang=de", "adapt.optim.lr=0.5"]) == 2
+    assert "belongs to experiment tiny, whose models this one reuses (models_from)" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"models_from=tiny: this experiment reuses the adaptation to fr .*"
+                                          r"not finished"):
+        plan(own_task["exp"], [*own_task["overrides"], "target_langs=[de,fr]"])
+    with pytest.raises(ConfigError, match=r"models_from='calc': the name of another experiment"):
+        load_config(own_task["exp"], [*own_task["overrides"], "models_from=calc"])
+
+
+def test_metrics_predictions_and_the_report(own_task):
+    mine = own_task["runs"] / "calc" / "bl_base"
+    rows = [json.loads(line) for line in (mine / "results.jsonl").read_text().splitlines()]
+    metrics = {r["metric"] for r in rows if r["lang"] == "de" and r["step"] >= 0}
+    assert {"accuracy", "macro_f1", "f1/no", "f1/yes", "confusion/no/yes", "confusion/yes/yes"} <= metrics
+    final = max(r["step"] for r in rows if r["lang"] == "de")
+    for lang in ("de", "tr"):
+        preds = [json.loads(line) for line in
+                 (mine / "predictions" / "calc" / lang / f"seed1-step{final:07d}.jsonl").read_text().splitlines()]
+        assert len(preds) == 120 and set(preds[0]) == {"id", "gold", "predicted", "probabilities"}
+        assert all(abs(sum(p["probabilities"].values()) - 1) < 1e-4 for p in preds)
+        accuracy = 100 * sum(p["gold"] == p["predicted"] for p in preds) / len(preds)
+        reported = next(r["value"] for r in rows if r["lang"] == lang and r["step"] == final and r["metric"] == "accuracy")
+        assert accuracy == pytest.approx(reported)  # the saved predictions are the ones scored
+        cells = {r["metric"]: r["value"] for r in rows if r["lang"] == lang and r["step"] == final
+                 and r["metric"].startswith("confusion/")}
+        assert cells["confusion/yes/no"] == sum(p["gold"] == "yes" and p["predicted"] == "no" for p in preds)
+    # only the final checkpoint's predictions by default
+    assert len(list((mine / "predictions" / "calc" / "de").iterdir())) == 1
+    report = (own_task["runs"] / "calc" / "report.md").read_text()
+    assert "**calc** (macro_f1)" in report  # the main metric drives the tables
+    assert "| majority class (train): macro_f1 | 44.4 | 44.4 | 44.4 |" in report  # 80% 'no': F1 80/90*100, halved
+    assert "| majority class (train): accuracy | 80.0 | 80.0 | 80.0 |" in report
+    assert "bl_base at step 0 (macro_f1)" in report
