@@ -4,8 +4,9 @@ predictions, and a report with the task's baselines."""
 
 from __future__ import annotations
 
-import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,22 +18,11 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
-LOHELP = ROOT / "data" / "demo" / "task" / "lohelp"
-
-
 def write_task(root: Path) -> Path:
-    """'Is this paragraph about Calc?' from the bundled task: columns passage / about_calc, 'no' the majority."""
-    root.mkdir(parents=True)
-    for src, dst, limit in (("train.jsonl", "train.csv", 300), ("dev.jsonl", "dev.csv", 100),
-                            ("test.en.jsonl", "test.en.csv", 120), ("test.de.jsonl", "test.de.csv", 120),
-                            ("test.tr.jsonl", "test.tr.csv", 120)):
-        records = [json.loads(line) for line in (LOHELP / src).read_text(encoding="utf-8").splitlines()]
-        calc = [r for r in records if r["label"] == "scalc"][: limit // 5]
-        other = [r for r in records if r["label"] != "scalc"][: limit - len(calc)]
-        with open(root / dst, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(["passage", "about_calc"])
-            w.writerows([[r["text"], "yes" if r["label"] == "scalc" else "no"] for r in other + calc])
+    """The README's example task (scripts/make_example_task.py): 'is this paragraph about Calc?', columns passage /
+    about_calc, 80% 'no'; 300 training and 120 test examples per language."""
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_example_task.py"), str(root), "--train", "300",
+                    "--test", "120"], check=True, capture_output=True)
     return root
 
 
