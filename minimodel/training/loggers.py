@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger, Logger
@@ -55,39 +56,18 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
     Known gap: Lightning writes the row of the update that completes checkpoint ``step`` right after the
     callbacks that saved it; a process killed in that window (about a millisecond) loses that one row,
     since the resumed run starts after the update. Weights, optimiser, data position and RNG are exact."""
-    path = run_dir / METRICS
-    if not path.is_file():
-        return
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        fields, rows = reader.fieldnames or [], [r for r in reader if r.get("step") and int(r["step"]) < step]
-    tmp = path.with_name(f".{METRICS}.tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
+    _keep_rows(run_dir, lambda r: bool(r.get("step")) and int(r["step"]) < step)
 
 
-def drop_stop_rows(run_dir: Path, update: int, log_every: int, val_every: int) -> None:
-    """After a run stopped at ``update`` (a signal, ``stop_at``, the wall-time cap): Lightning writes a row for the
-    stopping update, with whatever was last logged for the metrics not logged at every update (FLOPs, throughput
-    of an earlier update), and validates once more. An uninterrupted run has neither row unless ``update`` is on
-    its logging / validation grid: drop them, so that a resumed run's metrics.csv is the uninterrupted run's."""
+def _keep_rows(run_dir: Path, keep: Callable[[dict], bool]) -> None:
+    """Rewrite metrics.csv (atomically) with the rows ``keep`` accepts; untouched when it accepts them all."""
     path = run_dir / METRICS
     if not path.is_file():
         return
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         fields, rows = reader.fieldnames or [], list(reader)
-
-    def scheduled(row: dict) -> bool:
-        if not row.get("step") or int(row["step"]) != update - 1:  # Lightning's step column: update - 1
-            return True
-        validation = bool(row.get("val/loss")) and not row.get("train/loss")
-        return update % (val_every if validation else log_every) == 0
-
-    kept = [r for r in rows if scheduled(r)]
+    kept = [r for r in rows if keep(r)]
     if len(kept) == len(rows):
         return
     tmp = path.with_name(f".{METRICS}.tmp")
@@ -96,6 +76,20 @@ def drop_stop_rows(run_dir: Path, update: int, log_every: int, val_every: int) -
         writer.writeheader()
         writer.writerows(kept)
     os.replace(tmp, path)
+
+
+def drop_stop_rows(run_dir: Path, update: int, log_every: int, val_every: int) -> None:
+    """After a run stopped at ``update`` (a signal, ``stop_at``, the wall-time cap): Lightning writes a row for the
+    stopping update, with whatever was last logged for the metrics not logged at every update (FLOPs, throughput
+    of an earlier update), and validates once more. An uninterrupted run has neither row unless ``update`` is on
+    its logging / validation grid: drop them, so that a resumed run's metrics.csv is the uninterrupted run's."""
+    def scheduled(row: dict) -> bool:
+        if not row.get("step") or int(row["step"]) != update - 1:  # Lightning's step column: update - 1
+            return True
+        validation = bool(row.get("val/loss")) and not row.get("train/loss")
+        return update % (val_every if validation else log_every) == 0
+
+    _keep_rows(run_dir, scheduled)
 
 
 def make_loggers(cfg: ExperimentConfig, run_dir: Path, run_name: str) -> list[Logger]:
