@@ -603,10 +603,17 @@ def table_time(res: Results) -> str | None:
                 continue
             ci = time_to_target_interval(res, system, task)
             rows.append([system, *(AT_STEP0 if res.at_step0(system, task, lang) else fmt_days(d)
-                                   for lang, d in zip(langs, days)), fmt_days(_mean_or_none(days)),
+                                   for lang, d in zip(langs, days)),
+                         AT_STEP0 if all(res.at_step0(system, task, lang) for lang in langs)
+                         else fmt_days(_mean_or_none(days)),
                          fmt_interval(None if ci is None else ci.days)])
         blocks.append(_task_title(res, task) + "\n\n" + _table(["system", *langs, "avg", "95% interval"], rows))
     return "\n\n".join(blocks)
+
+
+def speedup_cell(sp: Speedup) -> str:
+    """The mean speedup, or *undefined* when every language's target is met at step 0 by one side."""
+    return "undefined" if not sp.used and sp.undefined else fmt_speedup(sp.mean)
 
 
 def system_speedup(res: Results, system: str, task: str) -> Speedup:
@@ -629,8 +636,7 @@ def table_speedup(res: Results) -> str | None:
         for task in res.tasks:
             sp = system_speedup(res, system, task)
             ci = time_to_target_interval(res, system, task)
-            head = "undefined" if not sp.used and sp.undefined else fmt_speedup(sp.mean)
-            cells.append(head + (f" ({len(sp.used)}/{len(res.langs(task))} langs)" if sp.used else "")
+            cells.append(speedup_cell(sp) + (f" ({len(sp.used)}/{len(res.langs(task))} langs)" if sp.used else "")
                          + f" {_speedup_interval(ci)}")
             if sp.excluded:
                 notes.append(f"{system} / {task}: {len(sp.excluded)} language(s) excluded (∞: the target is never "
@@ -865,7 +871,7 @@ def summary_text(res: Results) -> str:
     if not res.curves:
         return "no results"
     has_ref = any(s == REFERENCE for s, _, _ in res.curves)
-    lines = [f"{'task':<10} {'system':<16} {'final':>7}{'':<6} {'days to 95%':>12} {'speedup':>8}  95% interval"]
+    lines = [f"{'task':<10} {'system':<16} {'final':>7}{'':<6} {'days to 95%':>12} {'speedup':>9}  95% interval"]
     for task in res.tasks:
         langs = res.langs(task)
         for system in res.systems:
@@ -874,12 +880,14 @@ def summary_text(res: Results) -> str:
                 continue
             score = _mean_or_none([None if p is None else p.score for p in finals])
             days = _mean_or_none([res.days_to_target(system, task, lang) for lang in langs]) if has_ref else None
-            sp = MISSING if system == REFERENCE or not has_ref else fmt_speedup(system_speedup(res, system, task).mean)
+            step0 = has_ref and all(res.at_step0(system, task, lang) for lang in langs)
+            sp = MISSING if system == REFERENCE or not has_ref else speedup_cell(system_speedup(res, system, task))
             ci = time_to_target_interval(res, system, task) if has_ref and system != REFERENCE else None
             extra = "" if ci is None else f"  {_speedup_interval(ci)}"
             spread = res.average_stat(system, task)
             spread_text = f" ±{spread.std:.1f}" if spread is not None and spread.n > 1 and not math.isnan(spread.std) else ""
-            lines.append(f"{task:<10} {system:<16} {fmt_score(score):>7}{spread_text:<6} {fmt_days(days):>12} {sp:>8}{extra}")
+            when = AT_STEP0 if step0 else fmt_days(days)
+            lines.append(f"{task:<10} {system:<16} {fmt_score(score):>7}{spread_text:<6} {when:>12} {sp:>9}{extra}")
     for task in res.tasks:
         base = [res.baselines.get((task, lang)) for lang in res.langs(task)]
         if any(b is not None for b in base):

@@ -106,6 +106,8 @@ def test_a_target_met_at_step_0_is_shown_so_and_its_speedup_is_undefined():
     assert "| minijoint | undefined" in report
     assert "speedup undefined in de: the target is met at step 0 by one side" in report
     assert "0×" not in report and "| minijoint | ∞" not in report
+    line = next(x for x in summary_text(res).splitlines() if x.startswith("t          minijoint"))
+    assert AT_STEP0 in line and "undefined" in line
     # a reference at step 0 and a system that needs adaptation: still no ratio (not 0)
     assert speedups({"de": 0.0}, {"de": 2.0}).undefined == ("de",)
 
