@@ -119,3 +119,33 @@ def test_the_main_metric_drives_targets():
     res = results_from_rows(data, {"t": "macro_f1"})
     assert res.metrics == {"t": "macro_f1"} and res.final("bl_base", "t", "de").score == pytest.approx(30.1)
     assert "**t** (macro_f1)" in render_report(res, "x", {})
+
+
+def test_a_report_of_several_tasks_keeps_each_tasks_baselines(tmp_path, capsys):
+    """Results of two local tasks (the bundled one and the README's example) in one experiment: the report gives
+    each its own majority-class baseline and main metric, also for a task no longer in finetune.tasks."""
+    import json
+    import subprocess
+    import sys
+
+    from minimodel.cli import main
+
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_example_task.py"), str(tmp_path / "calc"),
+                    "--train", "100", "--test", "50"], check=True, capture_output=True)
+    lines = []
+    for task, metric, value in (("lohelp", "accuracy", 40.0), ("calc", "macro_f1", 50.0)):
+        for step in (0, 10):
+            lines.append(json.dumps({"system": "bl_base", "body": "primary", "task": task, "lang": "de", "seed": 1,
+                                     "step": step, "flops": step * 1e15, "v100_days": step * 1e-3, "split": "test",
+                                     "metric": metric, "value": value + step}))
+    (tmp_path / "runs" / "x" / "bl_base").mkdir(parents=True)
+    (tmp_path / "runs" / "x" / "bl_base" / "results.jsonl").write_text("\n".join(lines) + "\n")
+    calc = ["tasks.calc.kind=local", f"tasks.calc.source={tmp_path / 'calc'}", "tasks.calc.text_fields=[passage]",
+            "tasks.calc.label_field=about_calc", "tasks.calc.main_metric=macro_f1"]
+    args = ["report", str(ROOT / "experiments" / "demo.yaml"), "name=x", f"runs_dir={tmp_path / 'runs'}",
+            "target_langs=[de]", *calc, "finetune.tasks=[calc]"]  # lohelp is no longer finetuned here
+    assert main(args) == 0
+    report = (tmp_path / "runs" / "x" / "report.md").read_text()
+    assert "**calc** (macro_f1)" in report and "**lohelp** (accuracy)" in report
+    assert "| majority class (train): macro_f1 | 44.4 | 44.4 |" in report  # calc: 80% 'no'
+    assert "| majority class (train): accuracy | 32.4 | 32.4 |" in report  # lohelp in German
