@@ -98,6 +98,8 @@ _SWEEP = re.compile(r"^(?P<base>.+?)(?P<sep>-n|@l)(?P<depth>\d+)$")
 MISSING = "—"
 BELOW = "▼"  # a final score that does not beat the majority-class baseline
 AT_STEP0 = "at step 0"  # a target met before any adaptation
+DEV_NOTE = (": the target-language dev sets, for choosing settings; the results are the test split's, in "
+            "report.md")
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,7 @@ class Results:
     n_rows: int = 0
     baselines: dict[tuple[str, str], float] = field(default_factory=dict)  # (task, lang) -> majority-class score
     baseline_metrics: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)  # ... every metric
+    split: str = "test"  # the target-language sets the scores are on: test, or dev (choosing settings)
 
     def set_baselines(self, baselines: Mapping[tuple[str, str], Mapping[str, float]] | None) -> None:
         """The majority-class baseline of each (task, language), every metric; the main metric's is ``baselines``."""
@@ -337,7 +340,7 @@ def seeds_of_system(res: Results, system: str) -> list[int]:
 def resample(res: Results, draws: Mapping[str, Sequence[int]]) -> Results:
     """``res`` as if the seeds of each system were ``draws[system]`` (repeats allowed: a bootstrap resample);
     systems not in ``draws`` keep their seeds. Curves are the averages over the drawn seeds."""
-    out = Results(metrics=res.metrics, baselines=res.baselines, n_rows=res.n_rows)
+    out = Results(metrics=res.metrics, baselines=res.baselines, n_rows=res.n_rows, split=res.split)
     for key, seeds in res.by_seed.items():
         chosen = [x for x in draws.get(key[0], sorted(seeds)) if x in seeds]
         if chosen:
@@ -415,12 +418,13 @@ def time_to_target_interval(res: Results, system: str, task: str, reps: int = BO
                         len(mine), paired)
 
 
-def results_from_rows(rows: Iterable[dict], main_metrics: Mapping[str, str] | None = None) -> Results:
+def results_from_rows(rows: Iterable[dict], main_metrics: Mapping[str, str] | None = None,
+                      split: str = "test") -> Results:
     """Average over seeds, main metric of each task (``main_metrics``, else F1 when the task has F1 rows,
-    accuracy otherwise). A checkpoint counts only once every seed seen for its (system, task, language) has it,
+    accuracy otherwise), rows of ``split`` (test, or dev: the target dev sets). A checkpoint counts only once every seed seen for its (system, task, language) has it,
     so a half-finished evaluation does not mix seeds."""
     rows = list(rows)
-    res = Results(n_rows=len(rows))
+    res = Results(n_rows=len(rows), split=split)
     for r in rows:
         if main_metrics and r["task"] in main_metrics:
             res.metrics[r["task"]] = main_metrics[r["task"]]
@@ -430,7 +434,8 @@ def results_from_rows(rows: Iterable[dict], main_metrics: Mapping[str, str] | No
             res.metrics.setdefault(r["task"], "accuracy")
     latest: dict[tuple, dict] = {}  # a row written twice: keep the last
     for r in rows:
-        if r.get("split") == "test" and r.get("metric") == res.metrics[r["task"]]:
+        english = int(r["step"]) < 0  # the finetuned model's English scores: Table 5 shows the test set's
+        if r.get("split") == ("test" if english else split) and r.get("metric") == res.metrics[r["task"]]:
             latest[(r["system"], r["body"], r["task"], r["lang"], int(r["seed"]), int(r["step"]))] = r
     res.seeds = {k[4] for k in latest}
     adapted: dict[tuple[str, str, str], dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
@@ -458,10 +463,11 @@ def results_from_rows(rows: Iterable[dict], main_metrics: Mapping[str, str] | No
     return res
 
 
-def load_results(runs_dir: str | Path, name: str, main_metrics: Mapping[str, str] | None = None) -> Results:
+def load_results(runs_dir: str | Path, name: str, main_metrics: Mapping[str, str] | None = None,
+                 split: str = "test") -> Results:
     """Every ``{runs_dir}/{name}/*/results.jsonl`` (a partial last line is ignored)."""
     rows = [r for path in Layout(Path(runs_dir), name).all_results() for r in ResultsTable(path).rows()]
-    return results_from_rows(rows, main_metrics)
+    return results_from_rows(rows, main_metrics, split)
 
 
 # ---- formatting ---------------------------------------------------------------------------------
@@ -776,7 +782,7 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
     if not res.curves and not res.english:
         return "\n".join(out + ["No results yet (no `*/results.jsonl` rows): run `minimodel evaluate` first.", ""])
     out += [f"Systems: {', '.join(res.systems) or MISSING}. Tasks: {', '.join(res.tasks) or MISSING} "
-            f"(main metric: {', '.join(f'{t}: {m}' for t, m in sorted(res.metrics.items()))}; test split). Scores are mean ± standard deviation over "
+            f"(main metric: {', '.join(f'{t}: {m}' for t, m in sorted(res.metrics.items()))}; {res.split} split{DEV_NOTE if res.split != 'test' else ''}). Scores are mean ± standard deviation over "
             f"finetuning seeds (n per system in Table 2; seeds {', '.join(map(str, sorted(res.seeds)))}); curves, "
             f"times to target and speedups use the seed-averaged scores, and their 95% intervals come from "
             f"{BOOTSTRAP_REPS} bootstrap resamples of the seeds (paired when two systems share seeds). A speedup "
@@ -849,15 +855,15 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
 def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
                  baselines: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
                  depths: Mapping[str, int] | None = None, variants: Mapping[str, Any] | None = None,
-                 main_metrics: Mapping[str, str] | None = None) -> Path:
+                 main_metrics: Mapping[str, str] | None = None, split: str = "test") -> Path:
     """Read every ``{runs_dir}/{name}/*/results.jsonl``; write ``report.md`` (default
     ``{runs_dir}/{name}/report.md``) and its PNGs under ``plots/`` next to it. Returns the report path.
     ``baselines``: (task, lang) -> metric -> majority-class score; ``main_metrics``: task -> main metric."""
-    res = load_results(runs_dir, name, main_metrics)
+    res = load_results(runs_dir, name, main_metrics, split)
     res.set_baselines(baselines)
-    out = Path(out) if out is not None else Layout(Path(runs_dir), name).report
+    out = Path(out) if out is not None else Layout(Path(runs_dir), name).report_of(split)
     out.parent.mkdir(parents=True, exist_ok=True)
-    pngs = plot_curves(res, out.parent / "plots") if res.curves else {}
+    pngs = plot_curves(res, out.parent / ("plots" if split == "test" else f"plots-{split}")) if res.curves else {}
     text = render_report(res, name, {task: path.relative_to(out.parent).as_posix() for task, path in pngs.items()},
                          depths, variants)
     tmp = out.with_name(out.name + ".tmp")
@@ -913,8 +919,8 @@ def below_baseline_list(res: Results) -> str:
 
 
 def summary(runs_dir: str | Path, name: str, baselines: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
-            main_metrics: Mapping[str, str] | None = None) -> str:
+            main_metrics: Mapping[str, str] | None = None, split: str = "test") -> str:
     """A short plain-text table for the end of a demo (see ``summary_text``)."""
-    res = load_results(runs_dir, name, main_metrics)
+    res = load_results(runs_dir, name, main_metrics, split)
     res.set_baselines(baselines)
     return summary_text(res)

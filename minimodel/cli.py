@@ -133,13 +133,15 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
             data = TaskData(task, cfg.tasks[task])
             main_metrics[task] = data.metric
             langs = [cfg.source_lang, *data.languages(cfg.target_langs)]
-            baselines.update({(task, lang): v for lang, v in majority_baseline(data, langs).items()})
+            baselines.update({(task, lang): v for lang, v in
+                              majority_baseline(data, langs, cfg.evaluate.split).items()})
         except Exception as e:  # the hub may be out of reach: the report goes on without the baseline
             log.warning(f"no majority-class baseline for {task}: {e}")
     path = write_report(cfg.runs_dir, cfg.name, out=Path(args.out) if args.out else None, baselines=baselines,
                         depths=mini_depths(args.config, args.overrides),
-                        variants=variant_infos(args.config, args.overrides), main_metrics=main_metrics)
-    print(summary(cfg.runs_dir, cfg.name, baselines=baselines, main_metrics=main_metrics))
+                        variants=variant_infos(args.config, args.overrides), main_metrics=main_metrics,
+                        split=cfg.evaluate.split)
+    print(summary(cfg.runs_dir, cfg.name, baselines=baselines, main_metrics=main_metrics, split=cfg.evaluate.split))
     print(f"report: {path}")
     from minimodel.results import ResultsTable
     from minimodel.wandb_results import log_report

@@ -246,6 +246,9 @@ class EvaluateConfig:
     # predictions (id, gold, predicted, probabilities) as JSONL beside results.jsonl: none | final (the last
     # adaptation checkpoint of each language, once that adaptation is finished) | all (every checkpoint)
     save_predictions: str = "final"
+    # which test set: test (test.{lang}: the results) | dev (dev.{lang} of a local task: for choosing settings
+    # without looking at a test set; rows with split "dev", and `minimodel report` then writes report.dev.md)
+    split: str = "test"
 
 
 @dataclass
@@ -466,8 +469,7 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     def fail(msg: str) -> None:
         raise ConfigError(f"{source}: {msg}")
 
-    if cfg.evaluate.save_predictions not in ("none", "final", "all"):
-        fail(f"evaluate.save_predictions must be none, final or all, got {cfg.evaluate.save_predictions!r}")
+    _validate_evaluate(cfg, fail)
     if cfg.models_from and (cfg.models_from == cfg.name or not re.fullmatch(r"[A-Za-z0-9_.-]+", cfg.models_from)):
         fail(f"models_from={cfg.models_from!r}: the name of another experiment (its runs are "
              f"{{runs_dir}}/{{models_from}}), not this one's ({cfg.name!r})")
@@ -555,6 +557,13 @@ class _Sizes:
         if isinstance(t.devices, int) and not isinstance(t.devices, bool) and (t.devices == 0 or t.devices < -1):
             self.fail(f"{prefix}.devices must be a positive number of devices, -1 (all), a list of device ids "
                       f"or auto, got {t.devices}")
+
+
+def _validate_evaluate(cfg: ExperimentConfig, fail: Any) -> None:
+    if cfg.evaluate.split not in ("test", "dev"):
+        fail(f"evaluate.split must be test or dev, got {cfg.evaluate.split!r}")
+    if cfg.evaluate.save_predictions not in ("none", "final", "all"):
+        fail(f"evaluate.save_predictions must be none, final or all, got {cfg.evaluate.save_predictions!r}")
 
 
 def _validate_head_weights(cfg: ExperimentConfig, fail: Any) -> None:

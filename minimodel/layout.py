@@ -94,9 +94,14 @@ class Layout:
     def results(self, label: str) -> Path:
         return self.system(label) / RESULTS
 
-    def predictions(self, label: str, task: str, lang: str, seed: int, step: int) -> Path:
+    def predictions(self, label: str, task: str, lang: str, seed: int, step: int, split: str = "test") -> Path:
         """Saved predictions of one evaluation (``evaluate.save_predictions``), beside the system's results."""
-        return self.system(label) / "predictions" / task / lang / f"seed{seed}-step{step:07d}.jsonl"
+        suffix = "" if split == "test" else f".{split}"
+        return self.system(label) / "predictions" / task / lang / f"seed{seed}-step{step:07d}{suffix}.jsonl"
+
+    def report_of(self, split: str) -> Path:
+        """``report.md`` for the test sets, ``report.dev.md`` for the target dev sets (``evaluate.split=dev``)."""
+        return self.report if split == "test" else self.root / f"report.{split}.md"
 
     def all_results(self) -> list[Path]:
         return sorted(self.root.glob(f"*/{RESULTS}"))

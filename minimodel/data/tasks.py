@@ -583,12 +583,12 @@ class TaskData:
         return feature_rows(encode_classification(records, tokenizer, self.text_fields, self.cfg.max_len))
 
 
-def majority_baseline(task: TaskData, langs: list[str]) -> dict[str, dict[str, float]]:
-    """Per language, every metric of the task (``task.metrics``) for always predicting the most frequent label
-    of the English training data; {} for QA."""
+def majority_baseline(task: TaskData, langs: list[str], split: str = "test") -> dict[str, dict[str, float]]:
+    """Per language, every metric of the task (``task.metrics``) on its ``split`` set (test, or dev) for always
+    predicting the most frequent label of the English training data; {} for QA."""
     if task.is_qa:
         return {}
     train = [int(r["label"]) for r in task.records("train")]
-    return {lang: majority_scores(train, [int(r["label"]) for r in task.records("test", lang)], task.labels,
+    return {lang: majority_scores(train, [int(r["label"]) for r in task.records(split, lang)], task.labels,
                                   task.metrics)
             for lang in langs}

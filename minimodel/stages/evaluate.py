@@ -22,10 +22,10 @@ from tqdm import tqdm
 
 from minimodel import signals
 from minimodel.checkpoints import Adaptation, CheckpointError, Finetuned, load_adaptation, load_finetuned
-from minimodel.config import ExperimentConfig
+from minimodel.config import ConfigError, ExperimentConfig
 from minimodel.data.downstream import predict, prediction_rows, score
 from minimodel.data.prepare import load_prepared_tokenizer
-from minimodel.data.tasks import TaskData
+from minimodel.data.tasks import TaskData, has_split
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import TaskDataError
 from minimodel.layout import (
@@ -159,6 +159,17 @@ def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Evaluation:
             wandb.close()
 
 
+def check_dev_sets(data: TaskData, langs: list[str]) -> None:
+    """``evaluate.split=dev`` needs a target-language dev file per language (a local task's ``dev.{lang}``)."""
+    if data.local is None:
+        raise ConfigError(f"evaluate.split=dev: task {data.name} has no target-language dev sets (only local tasks "
+                          f"have them, as dev.{{lang}} files); evaluate it with evaluate.split=test")
+    missing = [lang for lang in langs if not has_split(data.local.root, "dev", lang)]
+    if missing:
+        raise ConfigError(f"evaluate.split=dev: {data.local.root} has no dev.{{lang}} file for {', '.join(missing)} "
+                          f"(add dev.{missing[0]}.jsonl / .csv, or evaluate the other languages with lang=)")
+
+
 def evaluation_plan(cfg: ExperimentConfig, r: Runs, tasks: list[str], seeds: list[int]
                     ) -> tuple[list[tuple[str, int, str, Path]], set[Path]]:
     """Every (task, seed, language, adaptation checkpoint) of the selection, and the last checkpoint of each
@@ -168,8 +179,10 @@ def evaluation_plan(cfg: ExperimentConfig, r: Runs, tasks: list[str], seeds: lis
     if r.pretrain is not None and r.body != r.pretrain:  # a bridge (step 1b) built on the primary model
         check_inputs(r.body, producers(pretrain=r.pretrain))
     for task in tasks:
-        langs = [lang for lang in TaskData(task, cfg.tasks[task]).languages(cfg.target_langs)
-                 if not cfg.lang or lang == cfg.lang]
+        data = TaskData(task, cfg.tasks[task])
+        langs = [lang for lang in data.languages(cfg.target_langs) if not cfg.lang or lang == cfg.lang]
+        if cfg.evaluate.split == "dev":
+            check_dev_sets(data, langs)
         for seed in seeds:
             check_inputs(r.finetune(task, seed), producers(pretrain=r.pretrain))  # nothing built on an older model
             for lang in langs:
@@ -186,7 +199,7 @@ def evaluation_plan(cfg: ExperimentConfig, r: Runs, tasks: list[str], seeds: lis
 
 def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogger, stop: _StopOnSignal) -> Evaluation:
     table = ResultsTable(r.results)
-    done = table.keys()
+    done = {tuple(row[k] for k in KEY) for row in table.rows() if row["split"] == cfg.evaluate.split}
     tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
     seeds = [cfg.seed] if cfg.seed else list(cfg.finetune.seeds)
     rank, world, local = shard()
@@ -230,7 +243,7 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
         key = (task, data.labels, lang)
         if key not in cache:
             tok = load_prepared_tokenizer(cfg, lang)
-            records = data.records("test", lang)
+            records = data.records(cfg.evaluate.split, lang)
             cache[key] = (tok, records, data.features(records, tok))
         tok, records, features = cache[key]
         adapted = load_adaptation(path)
@@ -240,11 +253,11 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
         predictions = predict(body, head, features, cfg.finetune.eval_batch, device)
         scores = score(data, records, features, predictions, lang)
         if keep == "all" or (keep == "final" and path in finals):
-            save_predictions(r.layout.predictions(r.label, task, lang, seed, int(adapted.step)),
+            save_predictions(r.layout.predictions(r.label, task, lang, seed, int(adapted.step), cfg.evaluate.split),
                              prediction_rows(data, records, features, predictions))
         base = {"system": r.label, "body": "primary", "task": task, "lang": lang, "seed": seed,
                 "step": int(adapted.step), "flops": float(adapted.flops), "v100_days": float(adapted.v100_days),
-                "split": "test"}
+                "split": cfg.evaluate.split}
         rows = [{**base, "metric": m, "value": v} for m, v in scores.items()]
         wandb.log(table.append(rows))
         written += 1
