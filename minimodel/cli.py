@@ -241,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
     args.overrides = [*args.overrides, *extra]
     logs.setup()
+    early: dict = {}  # the signal handlers catch_early replaced: put back when the command ends
     try:
         if args.command == "export":  # step=N picks an adaptation checkpoint: not a config key
             steps = [o for o in args.overrides if o.startswith("step=")]
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             args.step = _int_arg(steps[-1]) if steps else None
         cfg = load_config(args.config, args.overrides)
         if args.command in CATCH_EARLY:
-            signals.catch_early()
+            early = signals.catch_early()
         stopped = COMMANDS[args.command][0](cfg, args)
     except StepFailed as e:
         log.error(f"{args.command}: {e}")
@@ -256,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         log.error(f"{args.command}: error: {e}")
         return ERROR_EXIT
+    finally:
+        signals.restore(early)
     if stopped.startswith("stop_at="):
         log.warning(f"{args.command}: stopped at {stopped} as asked, after writing a checkpoint: the step is not "
                     f"finished (exit {STOPPED_EXIT}); rerun without stop_at to go on")

@@ -21,12 +21,22 @@ def _record(signum: int, frame: Any) -> None:
     _received.append(signal.Signals(signum).name)
 
 
-def catch_early() -> None:
-    """Record SIGTERM / SIGUSR1 from now on instead of dying (main thread only)."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _record)
+def catch_early() -> dict[int, Any]:
+    """Record SIGTERM / SIGUSR1 from now on instead of dying (main thread only); returns the handlers it
+    replaced, for ``restore``."""
+    return {sig: signal.signal(sig, _record) for sig in STOP_SIGNALS}
 
 
-def received() -> str | None:
-    """The name of the last stop signal recorded before a stage's own handlers took over, or None."""
-    return _received[-1] if _received else None
+def restore(handlers: dict[int, Any]) -> None:
+    """Put back the handlers ``catch_early`` replaced and forget what it recorded (a command has ended)."""
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    _received.clear()
+
+
+def take() -> str | None:
+    """The name of the last stop signal recorded before a stage's own handlers took over, or None; the stage
+    that takes it honours it, so it is forgotten here."""
+    name = _received[-1] if _received else None
+    _received.clear()
+    return name

@@ -73,13 +73,16 @@ def test_a_signal_before_training_starts_stops_cleanly_after_the_first_update(tm
     old = {s: signal.getsignal(s) for s in signals.STOP_SIGNALS}
     real_catch = signals.catch_early
 
-    def catch_then_signalled() -> None:  # USR1 while the command is still loading: what SLURM may do
-        real_catch()
+    def catch_then_signalled() -> dict:  # USR1 while the command is still loading: what SLURM may do
+        replaced = real_catch()
         os.kill(os.getpid(), signal.SIGUSR1)
+        return replaced
 
     try:
         signals.catch_early = catch_then_signalled
         assert main(args) == 3  # requeue, not a crash
+        assert all(signal.getsignal(s) == h for s, h in old.items())  # the command put its handlers back
+        assert signals.take() is None  # and what it recorded is not left for another command
     finally:
         signals.catch_early = real_catch
         signals._received.clear()

@@ -60,7 +60,7 @@ def test_a_signal_stops_after_the_current_row_and_the_rerun_resumes(tiny_finetun
     import minimodel.stages.evaluate as stage
 
     args, results, reference = fresh(tiny_finetuned, tmp_path)
-    real, calls = stage.evaluate, []
+    real, calls = stage.predict, []
 
     def evaluate_then_signal(*a, **k):
         calls.append(1)
@@ -68,7 +68,7 @@ def test_a_signal_stops_after_the_current_row_and_the_rerun_resumes(tiny_finetun
             os.kill(os.getpid(), sig)  # SLURM's warning arrives in the middle of the second evaluation
         return real(*a, **k)
 
-    monkeypatch.setattr(stage, "evaluate", evaluate_then_signal)
+    monkeypatch.setattr(stage, "predict", evaluate_then_signal)
     assert main(["evaluate", *args]) == 3  # requeue
     partial = [r for r in ResultsTable(results).rows() if r["step"] >= 0]
     assert len(calls) == 2 and len(partial) == 2  # the row being evaluated was finished and written

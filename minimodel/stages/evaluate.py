@@ -107,7 +107,7 @@ class _StopOnSignal:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGUSR1):
                 self.old[sig] = signal.signal(sig, self._stop)
-        self.signal = signals.received() or ""  # one that came while the command started: stop before any row
+        self.signal = signals.take() or ""  # one that came while the command started: stop before any row
         return self
 
     def _stop(self, signum: int, frame: Any) -> None:

@@ -58,7 +58,7 @@ class ScheduledCheckpoints(Callback):
                 self._old_handlers[sig] = signal.signal(sig, self._request_stop)
             except ValueError:  # not in the main thread
                 pass
-        early = signals.received()  # a signal while the stage was getting ready: stop after the first update
+        early = signals.take()  # a signal while the stage was getting ready: stop after the first update
         if early is not None:
             self.stop_requested, self.signalled = f"{early} (received before training started)", True
 
