@@ -93,6 +93,8 @@ class ResultsLogger:
         first = rows[0]
         run = self._open(first["task"], first["lang"], first["seed"])
         prefix = f"{first['task']}/{first['lang']}"
+        if first["step"] >= 0 and first["split"] != "test":  # evaluate.split=dev: curves of their own
+            prefix += f"/{first['split']}"
         if first["step"] < 0:  # English scores of the finetuned model (Table 5)
             for r in rows:
                 run.summary[f"{prefix}/{r['body']}/{r['split']}/{r['metric']}"] = r["value"]
