@@ -185,11 +185,10 @@ def _write_json(path: Path, info: dict) -> None:
 def stamp(run_dir: Path) -> dict | None:
     """How a run built on the finished run ``run_dir`` records it: its last update and a hash of its done.json,
     which a rerun of that stage rewrites (``finished_at``). None when ``run_dir`` is not finished."""
-    path = run_dir / DONE
-    if not path.is_file():
+    done = read_done(run_dir)  # one read: the hash is of the same JSON, written by write_done
+    if done is None:
         return None
-    data = path.read_bytes()
-    done = read_done(run_dir) or {}
+    data = json.dumps(done, indent=1, default=str).encode()
     return {"run": str(run_dir), "step": done.get("step"), "finished_at": done.get("finished_at"),
             "sha256": hashlib.sha256(data).hexdigest()[:16]}
 

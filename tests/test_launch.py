@@ -327,6 +327,18 @@ def test_lightning_does_not_requeue_by_itself_under_slurm(monkeypatch: pytest.Mo
     assert len(slurm) == 1 and slurm[0].auto_requeue is False
 
 
+def configured_runs(overrides: list[str], names: tuple[str, ...]) -> dict:
+    """The plan's steps by name; the run directories of ``names`` made, each with the config.yaml its step writes."""
+    from minimodel.config import save_config
+
+    steps = {s.name: s for s in plan(MINIJOINT, overrides)}
+    for name in names:
+        run = Path(steps[name].run_dir)
+        run.mkdir(parents=True)
+        save_config(load_config(MINIJOINT, list(steps[name].args[2:])), run / "config.yaml")
+    return steps
+
+
 def test_resubmission_leaves_out_finished_steps(fake_slurm: Path, tmp_path: Path, capsys: pytest.CaptureFixture):
     """A step whose done.json matches is not submitted again, and its dependants do not wait on it; a finished
     run with other settings is submitted (the job then says which settings differ)."""
@@ -335,12 +347,9 @@ def test_resubmission_leaves_out_finished_steps(fake_slurm: Path, tmp_path: Path
     from minimodel.config import save_config
 
     overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
-    steps = {s.name: s for s in plan(MINIJOINT, overrides)}
+    steps = configured_runs(overrides, ("pretrain", "adapt-de"))
     for name in ("pretrain", "adapt-de"):
-        run = Path(steps[name].run_dir)
-        run.mkdir(parents=True)
-        save_config(load_config(MINIJOINT, list(steps[name].args[2:])), run / "config.yaml")
-        (run / "done.json").write_text("{}")
+        (Path(steps[name].run_dir) / "done.json").write_text("{}")
     tr = Path(steps["adapt-tr"].run_dir)  # finished, but with another learning rate
     tr.mkdir(parents=True)
     save_config(load_config(MINIJOINT, [*steps["adapt-tr"].args[2:], "adapt.optim.lr=1e-2"]), tr / "config.yaml")
@@ -388,15 +397,10 @@ def test_a_finished_step_built_on_an_earlier_run_is_not_left_out(fake_slurm: Pat
                                                                  capsys: pytest.CaptureFixture):
     """adapt-de finished on the pretraining as it was; the pretraining finished again since: adapt-de is submitted
     (its job then stops, naming both runs) rather than left out as finished."""
-    from minimodel.config import save_config
     from minimodel.layout import stamp
 
     overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
-    steps = {s.name: s for s in plan(MINIJOINT, overrides)}
-    for name in ("pretrain", "adapt-de"):
-        run = Path(steps[name].run_dir)
-        run.mkdir(parents=True)
-        save_config(load_config(MINIJOINT, list(steps[name].args[2:])), run / "config.yaml")
+    steps = configured_runs(overrides, ("pretrain", "adapt-de"))
     pre, de = Path(steps["pretrain"].run_dir), Path(steps["adapt-de"].run_dir)
     (pre / "done.json").write_text(json.dumps({"step": 10, "finished_at": "2026-01-01T00:00:00+00:00"}))
     (de / "done.json").write_text(json.dumps({"step": 5, "inputs": {"body": stamp(pre)}}))
