@@ -14,7 +14,7 @@ from statistics import fmean as mean
 from typing import Any
 
 from minimodel import systems
-from minimodel.config import ExperimentConfig
+from minimodel.config import ExperimentConfig, pooled_label
 from minimodel.flops import adapt_flops, bridge_flops, pretrain_flops, v100_days
 from minimodel.layout import Layout
 from minimodel.results import ResultsTable
@@ -144,17 +144,23 @@ class Interval:
         return self.low <= x <= self.high
 
 
+Seeds = tuple[int, int]
+"""One sample of a system: (pretraining seed, finetuning seed). Scores are averaged over every sample; bootstrap
+intervals resample pretraining seeds, then finetuning seeds within each (``draw``)."""
+
+
 @dataclass
 class Results:
     """The results of one experiment, main metric of each task, test split: per seed, and averaged over seeds."""
 
     curves: dict[tuple[str, str, str], list[Point]] = field(default_factory=dict)  # (system, task, lang) -> by step
-    by_seed: dict[tuple[str, str, str], dict[int, list[Point]]] = field(default_factory=dict)  # ... -> seed -> by step
+    # a sample is a (pretraining seed, finetuning seed) pair (``Seeds``); most systems have one pretraining seed
+    by_seed: dict[tuple[str, str, str], dict[Seeds, list[Point]]] = field(default_factory=dict)  # ... -> seeds -> by step
     english: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (system, body, task) -> score
     english_stats: dict[tuple[str, str, str], Stat] = field(default_factory=dict)  # ... over seeds
-    english_by_seed: dict[tuple[str, str, str], dict[int, float]] = field(default_factory=dict)  # ... -> seed -> score
+    english_by_seed: dict[tuple[str, str, str], dict[Seeds, float]] = field(default_factory=dict)  # ... -> seeds -> score
     metrics: dict[str, str] = field(default_factory=dict)  # task -> main metric
-    seeds: set[int] = field(default_factory=set)
+    seeds: set[Seeds] = field(default_factory=set)
     n_rows: int = 0
     baselines: dict[tuple[str, str], float] = field(default_factory=dict)  # (task, lang) -> majority-class score
     baseline_metrics: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)  # ... every metric
@@ -229,7 +235,7 @@ class Results:
                     for seed in self.seeds_of(system, task)]
         return stat(per_seed)
 
-    def seeds_of(self, system: str, task: str) -> list[int]:
+    def seeds_of(self, system: str, task: str) -> list[Seeds]:
         """The seeds every language of the task has for ``system``."""
         sets = [set(v) for (s, t, _), v in self.by_seed.items() if s == system and t == task]
         return sorted(set.intersection(*sets)) if sets else []
@@ -330,28 +336,41 @@ def _interval(point: float, replicates: list[float], level: float = 0.95) -> Int
     return Interval(point, _percentile(reps, (1 - level) / 2), _percentile(reps, 1 - (1 - level) / 2), level)
 
 
-def seeds_of_system(res: Results, system: str) -> list[int]:
-    """Every finetuning seed with results of ``system`` (adaptation curves or English scores)."""
+def seeds_of_system(res: Results, system: str) -> list[Seeds]:
+    """Every (pretraining, finetuning) seed pair with results of ``system`` (adaptation curves or English scores)."""
     found = {seed for (s, _, _), v in res.by_seed.items() if s == system for seed in v}
     found |= {seed for (s, _, _), v in res.english_by_seed.items() if s == system for seed in v}
     return sorted(found)
 
 
-def resample(res: Results, draws: Mapping[str, Sequence[int]]) -> Results:
+def draw(rng: random.Random, seeds: Sequence[Seeds]) -> list[Seeds]:
+    """A bootstrap resample of a system's samples: its pretraining seeds with replacement, then, within each drawn
+    pretraining seed, its finetuning seeds with replacement (a two-level bootstrap: samples of one pretraining
+    are not independent). With one pretraining seed, the finetuning seeds with replacement."""
+    by_pretraining: dict[int, list[Seeds]] = defaultdict(list)
+    for x in seeds:
+        by_pretraining[x[0]].append(x)
+    if len(by_pretraining) == 1:
+        return rng.choices(list(seeds), k=len(seeds))
+    chosen = rng.choices(sorted(by_pretraining), k=len(by_pretraining))
+    return [x for p in chosen for x in rng.choices(by_pretraining[p], k=len(by_pretraining[p]))]
+
+
+def resample(res: Results, draws: Mapping[str, Sequence[Seeds]]) -> Results:
     """``res`` as if the seeds of each system were ``draws[system]`` (repeats allowed: a bootstrap resample);
     systems not in ``draws`` keep their seeds. Curves are the averages over the drawn seeds."""
     out = Results(metrics=res.metrics, baselines=res.baselines, n_rows=res.n_rows, split=res.split)
     for key, seeds in res.by_seed.items():
         chosen = [x for x in draws.get(key[0], sorted(seeds)) if x in seeds]
         if chosen:
-            out.by_seed[key] = {i: seeds[x] for i, x in enumerate(chosen)}
+            out.by_seed[key] = {(1, i): seeds[x] for i, x in enumerate(chosen)}
             out.curves[key] = _mean_curve([seeds[x] for x in chosen])
     for key, values in res.english_by_seed.items():
         chosen = [x for x in draws.get(key[0], sorted(values)) if x in values]
         if chosen:
-            out.english_by_seed[key] = {i: values[x] for i, x in enumerate(chosen)}
+            out.english_by_seed[key] = {(1, i): values[x] for i, x in enumerate(chosen)}
             out.english[key] = mean(values[x] for x in chosen)
-    out.seeds = {i for v in out.by_seed.values() for i in v}
+    out.seeds = {(1, i) for v in out.by_seed.values() for i in v}
     return out
 
 
@@ -366,10 +385,10 @@ def bootstrap(res: Results, systems_: Sequence[str], estimate: Any, reps: int = 
     replicates = []
     for _ in range(reps):
         if paired:
-            drawn = rng.choices(seeds[systems_[0]], k=len(seeds[systems_[0]]))
+            drawn = draw(rng, seeds[systems_[0]])
             draws = {s: drawn for s in systems_}
         else:
-            draws = {s: rng.choices(v, k=len(v)) for s, v in seeds.items() if v}
+            draws = {s: draw(rng, v) for s, v in seeds.items() if v}
         replicates.append(estimate(resample(res, draws)))
     return _interval(estimate(res), replicates, level)
 
@@ -396,7 +415,7 @@ def time_to_target_interval(res: Results, system: str, task: str, reps: int = BO
         return None
     paired = mine == ref
 
-    def estimate(my_seeds: Sequence[int], ref_seeds: Sequence[int]) -> tuple[float, float]:
+    def estimate(my_seeds: Sequence[Seeds], ref_seeds: Sequence[Seeds]) -> tuple[float, float]:
         mine_days, ref_days = {}, {}
         for lang in langs:
             ref_curve = _mean_curve([res.by_seed[(REFERENCE, task, lang)][x] for x in ref_seeds])
@@ -411,8 +430,8 @@ def time_to_target_interval(res: Results, system: str, task: str, reps: int = BO
     rng = random.Random(seed)
     replicates = []
     for _ in range(reps):
-        drawn = rng.choices(mine, k=len(mine))
-        replicates.append(estimate(drawn, drawn if paired else rng.choices(ref, k=len(ref))))
+        drawn = draw(rng, mine)
+        replicates.append(estimate(drawn, drawn if paired else draw(rng, ref)))
     days, speedup = estimate(mine, ref)
     return TimeToTarget(_interval(days, [d for d, _ in replicates]), _interval(speedup, [s for _, s in replicates]),
                         len(mine), paired)
@@ -436,26 +455,28 @@ def results_from_rows(rows: Iterable[dict], main_metrics: Mapping[str, str] | No
     for r in rows:
         english = int(r["step"]) < 0  # the finetuned model's English scores: Table 5 shows the test set's
         if r.get("split") == ("test" if english else split) and r.get("metric") == res.metrics[r["task"]]:
-            latest[(r["system"], r["body"], r["task"], r["lang"], int(r["seed"]), int(r["step"]))] = r
+            ps = int(r.get("pretrain_seed", 1))
+            latest[(pooled_label(r["system"], ps), r["body"], r["task"], r["lang"], (ps, int(r["seed"])),
+                    int(r["step"]))] = r
     res.seeds = {k[4] for k in latest}
-    adapted: dict[tuple[str, str, str], dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    english: dict[tuple[str, str, str], dict[int, float]] = defaultdict(dict)
+    adapted: dict[tuple[str, str, str], dict[int, list[tuple[Seeds, dict]]]] = defaultdict(lambda: defaultdict(list))
+    english: dict[tuple[str, str, str], dict[Seeds, float]] = defaultdict(dict)
     for (system, body, task, lang, seed, step), r in latest.items():
         if step < 0:
             english[(system, body, task)][seed] = float(r["value"])
         elif body == "primary":
-            adapted[(system, task, lang)][step].append(r)
+            adapted[(system, task, lang)][step].append((seed, r))
     for key, by_step in adapted.items():
-        n_seeds = len({r["seed"] for rs in by_step.values() for r in rs})
-        complete = [(step, rs) for step, rs in sorted(by_step.items()) if len(rs) == n_seeds]
+        n_seeds = len({x for rs in by_step.values() for x, _ in rs})
+        complete = [(step, [r for _, r in rs]) for step, rs in sorted(by_step.items()) if len(rs) == n_seeds]
         points = [Point(step, mean(r["flops"] for r in rs), mean(r["v100_days"] for r in rs), mean(r["value"] for r in rs))
                   for step, rs in complete]
         if points:
             res.curves[key] = points
-            seeds: dict[int, list[Point]] = defaultdict(list)
-            for step, rs in complete:
-                for r in rs:
-                    seeds[int(r["seed"])].append(Point(step, float(r["flops"]), float(r["v100_days"]), float(r["value"])))
+            seeds: dict[Seeds, list[Point]] = defaultdict(list)
+            for step, _ in complete:
+                for x, r in by_step[step]:
+                    seeds[x].append(Point(step, float(r["flops"]), float(r["v100_days"]), float(r["value"])))
             res.by_seed[key] = dict(seeds)
     res.english_by_seed = {k: dict(v) for k, v in english.items()}
     res.english = {k: mean(v.values()) for k, v in english.items()}
@@ -471,6 +492,23 @@ def load_results(runs_dir: str | Path, name: str, main_metrics: Mapping[str, str
 
 
 # ---- formatting ---------------------------------------------------------------------------------
+
+def fmt_n(seeds: Sequence[Seeds]) -> str:
+    """The number of samples; with several pretraining seeds also how many (``6 (2 pretrainings)``)."""
+    pretrainings = len({p for p, _ in seeds})
+    return f"{len(seeds)}" + (f" ({pretrainings} pretrainings)" if pretrainings > 1 else "")
+
+
+def pretraining_note(res: Results) -> str:
+    """What the header says of systems with several pretraining seeds (nothing when there are none)."""
+    several = [s for s in res.systems if len({p for (x, _, _), v in res.by_seed.items() if x == s for p, _ in v}) > 1]
+    if not several:
+        return ""
+    seeds = sorted({p for p, _ in res.seeds})
+    return (f" and, for {', '.join(several)}, over pretraining seeds too ({', '.join(map(str, seeds))}; every "
+            f"(pretraining, finetuning) pair is one sample, and bootstrap resamples draw pretraining seeds, then "
+            f"finetuning seeds within each)")
+
 
 def fmt_score(x: float | None) -> str:
     return MISSING if x is None or math.isnan(x) else f"{x:.1f}"
@@ -556,7 +594,7 @@ def table_final(res: Results) -> str:
                 continue
             have = [p for p in finals if p is not None]
             flops = mean(p.flops for p in have)
-            rows.append([system, str(len(res.seeds_of(system, task))),
+            rows.append([system, fmt_n(res.seeds_of(system, task)),
                          *(fmt_stat(res.final_stat(system, task, lang))
                            + (f" {BELOW}" if res.below_baseline(system, task, lang) else "") for lang in langs),
                          fmt_stat(res.average_stat(system, task)), fmt_days(flops / 1e18), fmt_days(v100_days(flops))])
@@ -783,7 +821,8 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
         return "\n".join(out + ["No results yet (no `*/results.jsonl` rows): run `minimodel evaluate` first.", ""])
     out += [f"Systems: {', '.join(res.systems) or MISSING}. Tasks: {', '.join(res.tasks) or MISSING} "
             f"(main metric: {', '.join(f'{t}: {m}' for t, m in sorted(res.metrics.items()))}; {res.split} split{DEV_NOTE if res.split != 'test' else ''}). Scores are mean ± standard deviation over "
-            f"finetuning seeds (n per system in Table 2; seeds {', '.join(map(str, sorted(res.seeds)))}); curves, "
+            f"finetuning seeds (n per system in Table 2; seeds {', '.join(map(str, sorted({f for _, f in res.seeds})))})"
+            f"{pretraining_note(res)}; curves, "
             f"times to target and speedups use the seed-averaged scores, and their 95% intervals come from "
             f"{BOOTSTRAP_REPS} bootstrap resamples of the seeds (paired when two systems share seeds). A speedup "
             f"whose interval spans 1 is reported as inconclusive. {res.n_rows} rows read.", ""]

@@ -284,8 +284,26 @@ class ExperimentConfig:
 
     @property
     def label(self) -> str:
-        """The system as results, reports and run directories name it: ``minijoint`` or, in a sweep, ``minijoint-n6``."""
-        return f"{self.system}-{self.tag}" if self.tag else self.system
+        """The system as results, reports and run directories name it: ``minijoint`` or, in a sweep, ``minijoint-n6``;
+        a pretraining seed other than 1 adds ``-ps{seed}`` (``minijoint-ps2``): its own runs, pooled with the other
+        pretraining seeds of the same system in reports (``pooled_label``)."""
+        base = f"{self.system}-{self.tag}" if self.tag else self.system
+        return base + pretrain_seed_suffix(self.pretrain.trainer.seed)
+
+
+def pretrain_seed_suffix(seed: int) -> str:
+    """What a pretraining seed adds to a system's label: nothing for seed 1 (the default), ``-ps{seed}`` otherwise."""
+    return "" if seed == 1 else f"-ps{seed}"
+
+
+def pooled_label(label: str, pretrain_seed: int) -> str:
+    """The label a results row of pretraining seed ``pretrain_seed`` is reported under: its run label without the
+    ``-ps{seed}`` that ``ExperimentConfig.label`` added (``minijoint-ps2@l1`` -> ``minijoint@l1``)."""
+    suffix = pretrain_seed_suffix(pretrain_seed)
+    system, at, rest = label.partition("@")
+    if suffix and system.endswith(suffix):
+        system = system[: -len(suffix)]
+    return system + at + rest
 
 
 def find_conf_dir(config_file: Path) -> Path:

@@ -1,7 +1,9 @@
 """The tidy results table of an experiment: one JSON object per line, appended safely.
 
 Row: system, body, task, lang, seed, step (adaptation step; -1 = source-language embeddings),
-flops and v100_days (of adaptation up to that step), split, metric, value."""
+flops and v100_days (of adaptation up to that step), split, metric, value; pretrain_seed (the system's pretraining
+seed, also in its label as ``-ps{seed}`` unless 1; rows written before it existed are of pretraining seed 1).
+``seed`` is the finetuning seed."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from minimodel.config import PRIMARY, ConfigError, ExperimentConfig, is_hf_source
+from minimodel.config import PRIMARY, ConfigError, ExperimentConfig, is_hf_source, pretrain_seed_suffix
 from minimodel.layout import Layout, last_checkpoint
 
 
@@ -257,8 +257,10 @@ def runs(cfg: ExperimentConfig) -> Runs:
     s, layout = of(cfg), Layout.of(cfg)
     if external_primary(cfg):
         pretrain, primary, owner = None, cfg.bridge.source, cfg.label
-    elif s.primary_from:  # shared: the other system's untagged run (a sweep varies only this system's part)
-        pretrain, owner = layout.pretrain(s.primary_from), s.primary_from
+    elif s.primary_from:  # shared: the other system's untagged run (a sweep varies only this system's part),
+        # of the same pretraining seed
+        owner = s.primary_from + pretrain_seed_suffix(cfg.pretrain.trainer.seed)
+        pretrain = layout.pretrain(owner)
         primary = str(last_checkpoint(pretrain))
     else:
         pretrain, owner = layout.pretrain(cfg.label), cfg.label

@@ -206,10 +206,10 @@ def test_a_finished_pretraining_is_reused_only_with_its_settings(tmp_path, prepa
     assert (f"[minimodel] pretrain: error: {run_dir} is finished with pretrain.optim.updates=2 and cannot be "
             f"continued to 4: its learning rate decayed linearly to 0 at its last update") in err
 
-    assert main([*args, "pretrain.optim.lr=1e-3", "pretrain.trainer.seed=2"]) == 2
+    assert main([*args, "pretrain.optim.lr=1e-3", "pretrain.optim.weight_decay=0.05"]) == 2
     err = err_of(capsys)
     assert (f"[minimodel] pretrain: error: {run_dir} is finished, but it ran with other settings than this "
-            f"configuration's ({run_dir / CONFIG}): pretrain.optim.lr: 0.002 -> 0.001; pretrain.trainer.seed: 1 -> 2. "
+            f"configuration's ({run_dir / CONFIG}): pretrain.optim.lr: 0.002 -> 0.001; pretrain.optim.weight_decay: 0.01 -> 0.05. "
             f"Rerun with the settings it ran with") in err
     assert "Traceback" not in err
     assert (run_dir / DONE).read_text() == done  # nothing overwritten

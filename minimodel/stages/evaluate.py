@@ -60,7 +60,7 @@ def english_rows(cfg: ExperimentConfig, task: str, seed: int, body: str) -> list
     if info is None:
         return []
     base = {"system": runs(cfg).label, "body": body, "task": task, "lang": cfg.source_lang, "seed": seed, "step": -1,
-            "flops": 0.0, "v100_days": 0.0}
+            "flops": 0.0, "v100_days": 0.0, "pretrain_seed": cfg.pretrain.trainer.seed}
     return [{**base, "split": split, "metric": metric, "value": value}
             for split, scores in info["english"].items() for metric, value in scores.items()]
 
@@ -257,7 +257,7 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
                              prediction_rows(data, records, features, predictions))
         base = {"system": r.label, "body": "primary", "task": task, "lang": lang, "seed": seed,
                 "step": int(adapted.step), "flops": float(adapted.flops), "v100_days": float(adapted.v100_days),
-                "split": cfg.evaluate.split}
+                "split": cfg.evaluate.split, "pretrain_seed": cfg.pretrain.trainer.seed}
         rows = [{**base, "metric": m, "value": v} for m, v in scores.items()]
         wandb.log(table.append(rows))
         written += 1
