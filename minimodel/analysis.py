@@ -370,7 +370,7 @@ def resample(res: Results, draws: Mapping[str, Sequence[Seeds]]) -> Results:
         if chosen:
             out.english_by_seed[key] = {(1, i): values[x] for i, x in enumerate(chosen)}
             out.english[key] = mean(values[x] for x in chosen)
-    out.seeds = {(1, i) for v in out.by_seed.values() for i in v}
+    out.seeds = {x for v in out.by_seed.values() for x in v}
     return out
 
 
@@ -505,9 +505,14 @@ def pretraining_note(res: Results) -> str:
     if not several:
         return ""
     seeds = sorted({p for p, _ in res.seeds})
-    return (f" and, for {', '.join(several)}, over pretraining seeds too ({', '.join(map(str, seeds))}; every "
+    note = (f" and, for {', '.join(several)}, over pretraining seeds too ({', '.join(map(str, seeds))}; every "
             f"(pretraining, finetuning) pair is one sample, and bootstrap resamples draw pretraining seeds, then "
-            f"finetuning seeds within each)")
+            f"finetuning seeds within each")
+    if len(seeds) < 3:
+        note += (f"; with {len(seeds)} pretrainings that resampling can only mix them, so the pretraining part of "
+                 f"an interval is the range of the pretrainings, not a 95% interval: read verdicts that rest on it "
+                 f"as indicative")
+    return note + ")"
 
 
 def fmt_score(x: float | None) -> str:

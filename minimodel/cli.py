@@ -15,7 +15,7 @@ from typing import Any
 
 from minimodel import log as logs
 from minimodel import signals
-from minimodel.config import ExperimentConfig, load_config
+from minimodel.config import ExperimentConfig, load_config, pooled_label
 from minimodel.errors import ERROR_EXIT, REQUEUE_EXIT, STOPPED_EXIT, UserError
 
 log = logs.get_logger("minimodel.cli")
@@ -98,10 +98,16 @@ def variant_infos(config: str, overrides: list[str]) -> dict[str, Any]:
     from minimodel.pipeline import variants
     from minimodel.systems import Body, adapt_depth, of
 
-    return {v.label: VariantInfo(depth=adapt_depth(v.cfg), pretraining=v.cfg.label,
-                                 multi_head=len(v.cfg.model.mini_heads) > 1, progressive=bool(v.cfg.adapt.schedule),
-                                 forget=v.cfg.pretrain.forget_every > 0, data_fraction=v.cfg.adapt.data_fraction)
-            for v in variants(config, overrides) if of(v.cfg).body is Body.HEAD}
+    out: dict[str, Any] = {}
+    for v in variants(config, overrides):  # keyed as reports name systems: pretraining seeds pooled
+        if of(v.cfg).body is not Body.HEAD:
+            continue
+        seed = v.cfg.pretrain.trainer.seed
+        out.setdefault(pooled_label(v.label, seed), VariantInfo(
+            depth=adapt_depth(v.cfg), pretraining=pooled_label(v.cfg.label, seed),
+            multi_head=len(v.cfg.model.mini_heads) > 1, progressive=bool(v.cfg.adapt.schedule),
+            forget=v.cfg.pretrain.forget_every > 0, data_fraction=v.cfg.adapt.data_fraction))
+    return out
 
 
 def mini_depths(config: str, overrides: list[str]) -> dict[str, int]:

@@ -31,7 +31,8 @@ def is_row(r: object) -> bool:
         value = r.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
             return False
-    return True
+    seed = r.get("pretrain_seed", 1)  # optional: rows written before it existed are of pretraining seed 1
+    return isinstance(seed, int) and not isinstance(seed, bool)
 
 
 _WARNED: set[tuple[str, int, int]] = set()

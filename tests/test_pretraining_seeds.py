@@ -86,6 +86,7 @@ def test_the_report_says_how_many_pretrainings(tmp_path: Path):
     text = write_report(tmp_path, "e", tmp_path / "report.md").read_text()
     assert "| bl_base | 6 (2 pretrainings) |" in text
     assert "for bl_base, over pretraining seeds too (1, 2;" in text
+    assert "with 2 pretrainings that resampling can only mix them" in text
     assert "seeds 1, 2, 3)" in text  # the finetuning seeds
 
 
@@ -111,3 +112,21 @@ def test_pretraining_variance_widens_the_interval():
     assert (iv.low, iv.high) == (60.0, 70.0)
     tt = time_to_target_interval(res, "bl_base", "t")
     assert tt is not None and tt.seeds == 6 and tt.paired
+
+
+def test_claims_find_the_variants_of_a_sweep_run_at_another_pretraining_seed():
+    from minimodel.cli import mini_depths, variant_infos
+
+    one = mini_depths(str(ROOT / "experiments" / "depth_sweep.yaml"), [])
+    two = mini_depths(str(ROOT / "experiments" / "depth_sweep.yaml"), ["pretrain.trainer.seed=2"])
+    assert two == one and one  # the report names them without -ps2
+    infos = variant_infos(str(EXP), ['sweep=["system=minijoint model.mini_heads=[2] pretrain.trainer.seed=2"]'])
+    assert {k: v.pretraining for k, v in infos.items()} == {"minijoint": "minijoint"}
+
+
+def test_a_row_with_a_pretrain_seed_that_is_not_an_int_is_not_a_row():
+    from minimodel.results import is_row
+
+    row = rows("bl_base", 2, 1, (1, 2, 3, 4))[0]
+    assert is_row(row) and is_row({k: v for k, v in row.items() if k != "pretrain_seed"})
+    assert not is_row(row | {"pretrain_seed": None}) and not is_row(row | {"pretrain_seed": "2"})
