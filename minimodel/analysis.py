@@ -468,14 +468,14 @@ def results_from_rows(rows: Iterable[dict], main_metrics: Mapping[str, str] | No
             adapted[(system, task, lang)][step].append((seed, r))
     for key, by_step in adapted.items():
         n_seeds = len({x for rs in by_step.values() for x, _ in rs})
-        complete = [(step, [r for _, r in rs]) for step, rs in sorted(by_step.items()) if len(rs) == n_seeds]
-        points = [Point(step, mean(r["flops"] for r in rs), mean(r["v100_days"] for r in rs), mean(r["value"] for r in rs))
-                  for step, rs in complete]
+        complete = [(step, rs) for step, rs in sorted(by_step.items()) if len(rs) == n_seeds]
+        points = [Point(step, mean(r["flops"] for _, r in rs), mean(r["v100_days"] for _, r in rs),
+                        mean(r["value"] for _, r in rs)) for step, rs in complete]
         if points:
             res.curves[key] = points
             seeds: dict[Seeds, list[Point]] = defaultdict(list)
-            for step, _ in complete:
-                for x, r in by_step[step]:
+            for step, rs in complete:
+                for x, r in rs:
                     seeds[x].append(Point(step, float(r["flops"]), float(r["v100_days"]), float(r["value"])))
             res.by_seed[key] = dict(seeds)
     res.english_by_seed = {k: dict(v) for k, v in english.items()}
@@ -501,7 +501,7 @@ def fmt_n(seeds: Sequence[Seeds]) -> str:
 
 def pretraining_note(res: Results) -> str:
     """What the header says of systems with several pretraining seeds (nothing when there are none)."""
-    several = [s for s in res.systems if len({p for (x, _, _), v in res.by_seed.items() if x == s for p, _ in v}) > 1]
+    several = [s for s in res.systems if len({p for p, _ in seeds_of_system(res, s)}) > 1]
     if not several:
         return ""
     seeds = sorted({p for p, _ in res.seeds})
