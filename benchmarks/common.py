@@ -31,7 +31,8 @@ from minimodel.config import OptimConfig  # noqa: E402
 from minimodel.data.tokenizer import BOS, MASK  # noqa: E402
 from minimodel.model import IGNORE_INDEX, ModelConfig, RobertaMLM  # noqa: E402
 from minimodel.surgery import adaptation_trainable, build_minipost, extract_mini, freeze_all_but  # noqa: E402
-from minimodel.training.optim import build_optimizer  # noqa: E402
+from minimodel.training.device import compile_layers as device_compile_layers  # noqa: E402
+from minimodel.training.optim import UpdateGuard, build_optimizer  # noqa: E402
 
 N_SPECIAL = 5
 MINI_DEPTH, BRIDGE_LAYERS, BODY_LAYERS = 4, 2, 12
@@ -171,9 +172,8 @@ def adaptation_model(sizes: Sizes, layers: int) -> RobertaMLM:
 
 
 def compile_layers(model: RobertaMLM) -> None:
-    """What ``trainer.compile: true`` does in the stages."""
-    for layer in model.layers:
-        layer.compile()
+    """What ``trainer.compile: true`` does in every training stage (the runner calls the same function)."""
+    device_compile_layers(model)
 
 
 def make_batch(sizes: Sizes, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -193,7 +193,8 @@ def make_batch(sizes: Sizes, device: torch.device, seed: int = 0) -> dict[str, t
 
 class TrainStep:
     """One optimiser update as the stages run it: mean MLM loss of the model's heads (masked positions only,
-    ``mlm_losses``), backward, gradient clipping at 1.0, AdamW (``build_optimizer``: fused on GPU), lr schedule.
+    ``mlm_losses``), backward, gradient clipping at 1.0 and the finite check (``UpdateGuard``, as the stages),
+    AdamW (``build_optimizer``: fused on GPU), lr schedule.
 
     ``fused`` other than None replaces ``build_optimizer``'s choice (same hyper-parameters)."""
 
@@ -209,6 +210,7 @@ class TrainStep:
                                          weight_decay=cfg.weight_decay, fused=fused)
             self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0)
         self.autocast = lambda: autocast(device)
+        self.guard = UpdateGuard(grad_clip)
 
     @property
     def trainable(self) -> int:
@@ -219,8 +221,7 @@ class TrainStep:
             losses = self.model.mlm_losses(self.batch["input_ids"], self.batch["labels"], self.heads)
         loss = torch.stack(list(losses.values())).mean()
         loss.backward()
-        if self.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        self.guard(self.opt, None, 0)
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)

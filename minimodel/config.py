@@ -121,14 +121,22 @@ class OptimConfig:
     grad_clip: float = 1.0  # 0 disables
 
 
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+"""``trainer.precision`` values a stage accepts (Lightning's names)."""
+
+ADAMW = ("auto", "fused", "foreach")
+"""``trainer.adamw``: auto = fused when every trainable parameter is on CUDA, foreach otherwise."""
+
+
 @dataclass
 class TrainerConfig:
     accelerator: str = "auto"
     devices: Any = "auto"
     num_nodes: int = 1
     strategy: str = "auto"
-    precision: str = "bf16-mixed"
-    compile: bool = False  # torch.compile the transformer layers
+    precision: str = "bf16-mixed"  # 32-true | bf16-mixed (A100/H100) | 16-mixed (V100: fp16 with loss scaling)
+    compile: bool = False  # torch.compile the transformer layers (every training stage)
+    adamw: str = "auto"  # auto (fused on CUDA, foreach otherwise) | fused | foreach
     ckpt_every: int = 5000  # updates between checkpoints
     ckpt_steps: list[int] = field(default_factory=list)  # extra early checkpoints
     val_every: int = 1000  # updates between validations
@@ -572,6 +580,10 @@ class _Sizes:
             self.integer(f"{prefix}.ckpt_steps", step, what="a list of positive update counts")
         self.seed(f"{prefix}.seed", t.seed)
         self.number(f"{prefix}.max_minutes", t.max_minutes, zero=True)
+        if t.precision not in PRECISIONS:
+            self.fail(f"{prefix}.precision must be one of {', '.join(PRECISIONS)}, got {t.precision!r}")
+        if t.adamw not in ADAMW:
+            self.fail(f"{prefix}.adamw must be one of {', '.join(ADAMW)}, got {t.adamw!r}")
         if isinstance(t.devices, int) and not isinstance(t.devices, bool) and (t.devices == 0 or t.devices < -1):
             self.fail(f"{prefix}.devices must be a positive number of devices, -1 (all), a list of device ids "
                       f"or auto, got {t.devices}")

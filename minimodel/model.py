@@ -140,22 +140,27 @@ class RobertaMLM(nn.Module):
     def token_embeddings(self) -> nn.Embedding:
         return self.embeddings.tokens
 
-    def attention_mask(self, input_ids: Tensor) -> Tensor | None:
-        """Boolean key mask (B, 1, 1, T), or None when nothing is padded (lets SDPA take the fast path)."""
-        not_pad = input_ids.ne(self.cfg.pad_id)
-        if bool(not_pad.all()):
-            return None
-        return not_pad[:, None, None, :]
+    def attention_mask(self, input_ids: Tensor, padded: bool | None = None) -> Tensor | None:
+        """Boolean key mask (B, 1, 1, T), or None when nothing is padded (lets SDPA take the fast path).
 
-    def hidden_states(self, input_ids: Tensor, depths: Sequence[int] | None = None) -> dict[int, Tensor]:
+        ``padded``: whether the batch holds padding, when the caller knows it (an MLM block never does; a task
+        batch's collate says so): no host sync. None: found out from the ids (one host sync)."""
+        not_pad = input_ids.ne(self.cfg.pad_id)
+        if padded is None:
+            padded = not bool(not_pad.all())
+        return not_pad[:, None, None, :] if padded else None
+
+    def hidden_states(self, input_ids: Tensor, depths: Sequence[int] | None = None,
+                      padded: bool | None = None) -> dict[int, Tensor]:
         """Hidden states after each layer in ``depths`` (default: the last layer).
 
-        Layers above ``max(depths)`` are not computed. Depth 0 is the embedding output.
+        Layers above ``max(depths)`` are not computed. Depth 0 is the embedding output. ``padded``: see
+        ``attention_mask``.
         """
         wanted = sorted(set(depths)) if depths is not None else [self.cfg.layers]
         if not wanted or wanted[0] < 0 or wanted[-1] > self.cfg.layers:
             raise ValueError(f"depths must lie in 0..{self.cfg.layers}, got {list(depths or [])}")
-        mask = self.attention_mask(input_ids)
+        mask = self.attention_mask(input_ids, padded)
         x = self.embeddings(input_ids)  # (B, T, C)
         out: dict[int, Tensor] = {0: x} if wanted[0] == 0 else {}
         for i, layer in enumerate(self.layers[: wanted[-1]], start=1):
@@ -164,9 +169,9 @@ class RobertaMLM(nn.Module):
                 out[i] = x
         return out
 
-    def encode(self, input_ids: Tensor) -> Tensor:
+    def encode(self, input_ids: Tensor, padded: bool | None = None) -> Tensor:
         """Last-layer hidden states (B, T, C)."""
-        return self.hidden_states(input_ids)[self.cfg.layers]
+        return self.hidden_states(input_ids, padded=padded)[self.cfg.layers]
 
     def mlm_logits(self, input_ids: Tensor, masked: Tensor | None = None, head: str = PRIMARY) -> Tensor:
         """Logits of one head: (N_masked, V) at the positions where ``masked`` is True, else (B, T, V)."""
@@ -179,17 +184,18 @@ class RobertaMLM(nn.Module):
         """Mean cross-entropy over masked positions (labels != -100) for each head asked for.
 
         Only the layers up to the deepest head asked for are computed, and only the masked
-        positions are projected onto the vocabulary.
+        positions are projected onto the vocabulary. MLM blocks are never padded (no attention mask), and the
+        masked positions are found once for every head: one host sync (their count) per call.
         """
         names = list(heads) if heads is not None else self.cfg.head_names
         depth_of = {name: self.cfg.head_depth(name) for name in names}
-        states = self.hidden_states(input_ids, list(depth_of.values()))
-        masked = labels.ne(IGNORE_INDEX)  # (B, T)
-        targets = labels[masked]  # (N,)
+        states = self.hidden_states(input_ids, list(depth_of.values()), padded=False)
+        where = labels.flatten().ne(IGNORE_INDEX).nonzero().squeeze(1)  # (N,): the masked positions of B*T
+        targets = labels.flatten().index_select(0, where)  # (N,)
         losses = {}
         for name, depth in depth_of.items():
-            logits = self.heads[name](states[depth][masked])  # (N, V)
-            losses[name] = F.cross_entropy(logits.float(), targets)
+            h = states[depth].flatten(0, 1).index_select(0, where)  # (N, C): only masked positions reach the head
+            losses[name] = F.cross_entropy(self.heads[name](h).float(), targets)  # logits (N, V)
         return losses
 
     def num_parameters(self, trainable_only: bool = False) -> int:

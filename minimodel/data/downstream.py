@@ -5,6 +5,7 @@ QA) and its predictions. Loading and featurising tasks is
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from typing import Any
 
@@ -14,6 +15,7 @@ from torch import nn
 from minimodel.data.tasks import TaskData, decode_spans, pad_collate
 from minimodel.metrics import MLQA_ARTICLES, classification_scores, mlqa_scores, squad_scores
 from minimodel.model import RobertaMLM
+from minimodel.training.device import autocast_dtype
 
 
 def task_head(task: TaskData, hidden: int, dropout: float) -> nn.Module:
@@ -28,14 +30,14 @@ def predict(body: RobertaMLM, head: nn.Module, features: list[dict[str, Any]], b
     """Per feature: (predicted class id, class probabilities), or (start_logits, end_logits) trimmed to its length."""
     body.eval()
     head.eval()
-    half = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float16
+    half = autocast_dtype(device)  # bf16 where native, fp16 on older CUDA cards, None (fp32) on the CPU
     out: list[Any] = []
     for i in range(0, len(features), batch_size):
         chunk = features[i:i + batch_size]
         batch = pad_collate(chunk, body.cfg.pad_id)
         ids = batch["input_ids"].to(device)
-        with torch.autocast(device.type, dtype=half, enabled=device.type == "cuda"):
-            logits = head(body.encode(ids))
+        with torch.autocast(device.type, dtype=half) if half is not None else contextlib.nullcontext():
+            logits = head(body.encode(ids, padded=batch["padded"]))
         if isinstance(logits, tuple):
             start, end = (t.float().cpu() for t in logits)
             out.extend((start[j, :len(f["input_ids"])], end[j, :len(f["input_ids"])]) for j, f in enumerate(chunk))

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from minimodel.data.shards import ShardError, TokenStream
 from minimodel.data.tokenizer import SENTENCEPIECE_SPECIALS, SpecialTokens
 from minimodel.model import IGNORE_INDEX
+from minimodel.training.device import pin_memory
 
 if TYPE_CHECKING:
     from minimodel.config import ExperimentConfig, OptimConfig
@@ -177,7 +178,7 @@ class MLMDataModule(L.LightningDataModule):
     def _loader(self, dataset: Dataset, sampler: Sampler | list[int]) -> DataLoader:
         # a private generator: creating an iterator must not draw from the global RNG (exact resume)
         return DataLoader(dataset, batch_size=self.micro_batch, sampler=sampler, num_workers=self.num_workers,
-                          pin_memory=torch.cuda.is_available(), persistent_workers=False,
+                          pin_memory=pin_memory(), persistent_workers=False,
                           generator=torch.Generator().manual_seed(self.seed),
                           prefetch_factor=4 if self.num_workers else None)
 

@@ -469,8 +469,9 @@ def feature_rows(features: dict[str, list]) -> list[dict[str, Any]]:
 
 
 def pad_collate(batch: Sequence[dict[str, Any]], pad_id: int = PAD) -> dict[str, Any]:
-    """Batch features: ``input_ids`` right-padded with ``pad_id`` (the model's ``<pad>``) plus ``attention_mask``; int fields
-    (``label``, ``start_positions``, ...) as tensors; other fields (``offsets``, ``example_id``) as lists."""
+    """Batch features: ``input_ids`` right-padded with ``pad_id`` (the model's ``<pad>``) plus ``attention_mask`` and
+    ``padded`` (whether any row is padded: the model then needs no host sync to know); int fields (``label``,
+    ``start_positions``, ...) as tensors; other fields (``offsets``, ``example_id``) as lists."""
     import torch
 
     width = max(len(f["input_ids"]) for f in batch)
@@ -479,7 +480,8 @@ def pad_collate(batch: Sequence[dict[str, Any]], pad_id: int = PAD) -> dict[str,
     for i, f in enumerate(batch):
         input_ids[i, : len(f["input_ids"])] = torch.tensor(f["input_ids"], dtype=torch.long)
         attention_mask[i, : len(f["input_ids"])] = True
-    out: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
+    padded = any(len(f["input_ids"]) < width for f in batch)
+    out: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "padded": padded}
     for key in batch[0]:
         if key == "input_ids":
             continue

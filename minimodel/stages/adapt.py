@@ -156,7 +156,8 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
                             extra={"body_layers": body.cfg.layers, "body": x.body_source, "primary": r.primary,
                                    "overlapping_pieces": overlap})
         staged = (lambda step: phase_at(phases, step)[1]) if cfg.adapt.schedule else None
-        module = MLMModule(body, a.optim, meta, flops, trainable=adaptation_trainable, phase_head=staged)
+        module = MLMModule(body, a.optim, meta, flops, trainable=adaptation_trainable, phase_head=staged,
+                           adamw=a.trainer.adamw)
 
         def export(step: int) -> Path:
             """The adaptation checkpoint of ``step``, written atomically."""

@@ -61,7 +61,7 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
                             tokenizer={"path": str(tok.path), "sha256": tok.sha256},
                             extra={"primary": r.primary, "depth": b.depth, "bridge_layers": b.layers,
                                    "trainable_parameters": n_train})
-        module = MLMModule(mini, b.optim, meta, flops, trainable=bridge_trainable(b.depth))
+        module = MLMModule(mini, b.optim, meta, flops, trainable=bridge_trainable(b.depth), adamw=b.trainer.adamw)
         return Training(module, mlm_datamodule(cfg, cfg.source_lang, b.optim, b.trainer.seed, tok), b.optim, b.trainer,
                         flops_per_update=flops, tokens_per_update=b.optim.global_batch * cfg.data.seq_len)
 

@@ -42,14 +42,14 @@ from minimodel.log import get_logger
 from minimodel.results import KEY, ResultsTable
 from minimodel.surgery import PlugError, plug_embeddings
 from minimodel.systems import Runs, of, runs
+from minimodel.training.device import cuda_in_use
 from minimodel.wandb_results import ResultsLogger
 
 log = get_logger(__name__)
 
 
 def device_for(cfg: ExperimentConfig, local_rank: int = 0) -> torch.device:
-    accel = cfg.finetune.trainer.accelerator
-    if accel in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+    if cuda_in_use(cfg.finetune.trainer.accelerator):
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 

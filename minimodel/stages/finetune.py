@@ -36,7 +36,7 @@ from minimodel.log import get_logger
 from minimodel.model import RobertaMLM
 from minimodel.surgery import extract_mini, freeze_all_but, primary_only
 from minimodel.systems import adapt_depth, external_primary, mini_head, runs
-from minimodel.training.optim import check_finite, lightning_optim
+from minimodel.training.optim import UpdateGuard, lightning_optim
 from minimodel.training.runner import Outcome, Runner, Stage, StageResult, Training
 
 log = get_logger(__name__)
@@ -103,13 +103,14 @@ class TaskDataModule(L.LightningDataModule):
 
 class FinetuneModule(L.LightningModule):
     def __init__(self, body: RobertaMLM, head: nn.Module, qa: bool, num_labels: int, optim: OptimConfig,
-                 meta: dict) -> None:
+                 meta: dict, adamw: str = "auto") -> None:
         super().__init__()
-        self.body, self.head, self.qa, self.optim_cfg, self.meta = body, head, qa, optim, meta
+        self.body, self.head, self.qa, self.optim_cfg, self.meta, self.adamw = body, head, qa, optim, meta, adamw
+        self.guard = UpdateGuard(optim.grad_clip)
         self.val_acc = MulticlassAccuracy(num_classes=max(2, num_labels), average="micro") if not qa else None
 
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        out = self.head(self.body.encode(batch["input_ids"]))
+        out = self.head(self.body.encode(batch["input_ids"], padded=batch.get("padded")))
         if self.qa:
             start, end = out
             return (F.cross_entropy(start.float(), batch["start_positions"])
@@ -117,8 +118,7 @@ class FinetuneModule(L.LightningModule):
         return F.cross_entropy(out.float(), batch["label"]), out
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        loss, _ = self.loss(batch)
-        check_finite(loss, self.global_step)
+        loss, _ = self.loss(batch)  # a NaN/inf loss stops the run at the update's gradient check (guard)
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
         return loss
@@ -134,14 +134,23 @@ class FinetuneModule(L.LightningModule):
             self.log("val/acc", 100.0 * self.val_acc.compute())
             self.val_acc.reset()
 
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Once per update, with the final gradients: clip, check, count (``UpdateGuard``)."""
+        norm = self.guard(optimizer, getattr(self.trainer.precision_plugin, "scaler", None), self.global_step)
+        self.log("train/grad_norm", norm.detach(), on_step=True, on_epoch=False)
+
     def configure_optimizers(self) -> dict:
-        return lightning_optim([p for p in self.parameters() if p.requires_grad], self.optim_cfg)
+        return lightning_optim([p for p in self.parameters() if p.requires_grad], self.optim_cfg, adamw=self.adamw)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         meta = TrainingMeta(stage="finetune", system=self.meta["system"], model_config=self.meta["model_config"],
                             tokenizer=self.meta["tokenizer"], step=self.global_step,
                             extra={k: v for k, v in self.meta.items() if k not in ("system", "model_config", "tokenizer")})
         checkpoint["minimodel"] = meta.to_dict()
+        checkpoint["update_guard"] = self.guard.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.guard.load_state_dict(checkpoint.get("update_guard", {}))
 
 
 def finetune_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str, dict]:
@@ -212,7 +221,7 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
                 "tokenizer": {"path": str(tok.path), "sha256": tok.sha256}, "train_sha256": data.train_sha256()}
         log.info(f"finetune {cfg.system} ({cfg.body}) on {task}, seed {seed}: {len(train):,} training features, "
                  f"{optim.updates} updates, {n_train + sum(p.numel() for p in head.parameters()):,} trainable parameters")
-        module = FinetuneModule(body, head, data.is_qa, len(data.labels), optim, meta)
+        module = FinetuneModule(body, head, data.is_qa, len(data.labels), optim, meta, adamw=t.adamw)
         dm = TaskDataModule(train, dev, optim.micro_batch, optim.global_batch, cfg.finetune.eval_batch, seed,
                             body.cfg.pad_id)
 

@@ -28,16 +28,13 @@ def run_pretrain(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResul
 
     def build(tok: AnyTokenizer) -> Training:
         model = RobertaMLM(cfg.model)
-        if t.compile:
-            for layer in model.layers:
-                layer.compile()
         flops = pretrain_flops(cfg.model.layers, cfg.model.hidden, cfg.data.seq_len, cfg.model.vocab_size,
                                cfg.data.mask_prob, p.global_batch, 1, extra_heads=len(cfg.model.mini_heads))
         meta = TrainingMeta(stage="pretrain", system=cfg.system, lang=cfg.source_lang, model_config=asdict(cfg.model),
                             tokenizer={"path": str(tok.path), "sha256": tok.sha256})
         module = MLMModule(model, p, meta, flops, weights=cfg.pretrain.head_weights or None,
                            forget_every=cfg.pretrain.forget_every, forget_lr_restart=cfg.pretrain.forget_lr_restart,
-                           forget_seed=t.seed)
+                           forget_seed=t.seed, adamw=t.adamw)
         return Training(module, mlm_datamodule(cfg, cfg.source_lang, p, t.seed, tok), p, t,
                         flops_per_update=flops, tokens_per_update=p.global_batch * cfg.data.seq_len)
 

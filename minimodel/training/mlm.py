@@ -20,7 +20,7 @@ from minimodel.config import OptimConfig
 from minimodel.flops import FlopSchedule
 from minimodel.log import get_logger
 from minimodel.model import IGNORE_INDEX, PRIMARY, RobertaMLM
-from minimodel.training.optim import check_finite, lightning_optim
+from minimodel.training.optim import UpdateGuard, lightning_optim
 
 log = get_logger(__name__)
 
@@ -99,11 +99,13 @@ class MLMModule(L.LightningModule):
     def __init__(self, model: RobertaMLM, optim: OptimConfig, meta: TrainingMeta, flops: float | FlopSchedule,
                  trainable: Callable[[str], bool] | None = None, weights: Mapping[str, float] | None = None,
                  phase_head: Callable[[int], str] | None = None, forget_every: int = 0,
-                 forget_lr_restart: bool = False, forget_seed: int = 0) -> None:
+                 forget_lr_restart: bool = False, forget_seed: int = 0, adamw: str = "auto") -> None:
         """``flops``: per update, or a ``FlopSchedule``; ``phase_head(step)``, when given, is the one head whose
-        loss trains the update after ``step`` updates (progressive adaptation) instead of the weighted sum."""
+        loss trains the update after ``step`` updates (progressive adaptation) instead of the weighted sum;
+        ``adamw``: ``trainer.adamw``."""
         super().__init__()
-        self.model, self.optim_cfg, self.meta = model, optim, meta
+        self.model, self.optim_cfg, self.meta, self.adamw = model, optim, meta, adamw
+        self.guard = UpdateGuard(optim.grad_clip)
         self.flops = flops if isinstance(flops, FlopSchedule) else FlopSchedule.constant(flops)
         self.trainable = trainable
         self.weights = head_weights(model.cfg.head_names, weights)
@@ -132,8 +134,7 @@ class MLMModule(L.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """The weighted MLM loss of all the model's heads (or the phase's head); logs each head's loss and the lr.
         A phased run logs its loss as ``train/loss`` whatever the phase's head."""
-        loss, losses = self.loss(batch)
-        check_finite(loss, self.global_step)
+        loss, losses = self.loss(batch)  # a NaN/inf loss stops the run at the update's gradient check (guard)
         heads = list(losses)
         if self.phase_head is not None:
             logs = {"train/loss": loss.detach()}
@@ -144,6 +145,13 @@ class MLMModule(L.LightningModule):
         self.log_dict(logs, prog_bar=True, on_step=True, on_epoch=False)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
         return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Once per update, with the final gradients: clip, check, count (``UpdateGuard``)."""
+        norm = self.guard(optimizer, getattr(self.trainer.precision_plugin, "scaler", None), self.global_step)
+        self.log("train/grad_norm", norm.detach(), on_step=True, on_epoch=False)
+        if self.guard.skipped:
+            self.log("train/skipped_updates", float(self.guard.skipped), on_step=True, on_epoch=False)
 
     def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         """Active forgetting: before the first micro-batch of update K+1, 2K+1, ... re-initialise the embeddings.
@@ -175,14 +183,14 @@ class MLMModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict:
         if not (self.forget_every and self.forget_lr_restart):
-            return lightning_optim(self.model.parameters(), self.optim_cfg)
+            return lightning_optim(self.model.parameters(), self.optim_cfg, adamw=self.adamw)
         # the embeddings in a group of their own, whose schedule restarts at each re-initialisation
         emb = self.model.embeddings.tokens.weight
         rest = [p for p in self.model.parameters() if p is not emb]
         o = self.optim_cfg
         every, total, warm = self.forget_every, o.updates, o.warmup_updates
         return lightning_optim(rest, o, first=[emb],
-                               first_factor=lambda step: window_factor(step, every, total, warm))
+                               first_factor=lambda step: window_factor(step, every, total, warm), adamw=self.adamw)
 
     def cumulative_flops(self, step: int | None = None) -> float:
         return self.flops.at(self.global_step if step is None else step)
@@ -192,3 +200,7 @@ class MLMModule(L.LightningModule):
         if self.phase_head is not None:
             meta = replace(meta, extra={**meta.extra, "phase": self.phase_head(self.global_step)})
         checkpoint["minimodel"] = meta.to_dict()
+        checkpoint["update_guard"] = self.guard.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.guard.load_state_dict(checkpoint.get("update_guard", {}))

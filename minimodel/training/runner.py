@@ -38,6 +38,7 @@ from minimodel.locks import exclusive
 from minimodel.log import get_logger, process_rank, quiet_lightning
 from minimodel.training.callbacks import ScheduledCheckpoints, StageBar, StageProgress
 from minimodel.training.checkpoint_io import AtomicCheckpointIO
+from minimodel.training.device import check_precision, compile_layers
 from minimodel.training.loggers import drop_stop_rows, make_loggers, truncate_metrics
 from minimodel.training.optim import accumulation
 
@@ -121,7 +122,7 @@ def make_trainer(cfg: ExperimentConfig, stage: Stage, training: Training, callba
     return L.Trainer(
         accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
         precision=t.precision, max_steps=o.updates, max_epochs=-1,
-        accumulate_grad_batches=accum, gradient_clip_val=o.grad_clip or None,
+        accumulate_grad_batches=accum,  # clipping: the module's UpdateGuard (optim.py), not Lightning's
         val_check_interval=t.val_every * accum, check_val_every_n_epoch=None,
         limit_val_batches=t.val_batches or 1.0, num_sanity_val_steps=0,
         log_every_n_steps=t.log_every,  # counted in optimiser updates
@@ -178,6 +179,9 @@ class Runner(Generic[T]):
         if last_checkpoint(run_dir).exists():  # resuming: only with the settings the run started with
             check_finished(self.cfg, stage.name, run_dir, finished=False)
             check_inputs(run_dir, stage.inputs)
+        kind = stage.name.partition("/")[0]  # pretrain, bridge, adapt, finetune: the section of its settings
+        planned = getattr(self.cfg, kind).trainer
+        check_precision(planned.precision, planned.accelerator, f"{kind}.trainer.precision")  # before anything is written
         quiet_lightning()
         inputs = self.prepare()
         if process_rank() == 0:  # the other ranks of a distributed run write nothing but their share of checkpoints
@@ -188,6 +192,8 @@ class Runner(Generic[T]):
         L.seed_everything(stage.seed, workers=True, verbose=False)
         training = self.build(inputs)
         t = training.trainer
+        if t.compile:
+            log.info(f"{stage.name}: compiling {compile_layers(training.module)} transformer layers (trainer.compile)")
         ckpts = ScheduledCheckpoints(checkpoints(run_dir), t.ckpt_every, t.ckpt_steps, t.max_minutes, t.stop_at,
                                      keep_steps=training.keep_steps, export=training.export)
         callbacks: list[Callback] = [ckpts]
@@ -217,6 +223,7 @@ class Runner(Generic[T]):
                     "flops": flops.at(step) if flops is not None else 0.0,
                     "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
                     "inputs": recorded_inputs(run_dir),
+                    "skipped_updates": getattr(getattr(training.module, "guard", None), "skipped", 0),
                     "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             if training.finish is not None:
                 done.update(training.finish(trainer))

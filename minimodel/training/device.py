@@ -1,0 +1,94 @@
+"""Every decision that depends on the device, in one place, each with a CPU test that takes its GPU side
+(``tests/test_gpu_path.py``): CI never has a GPU, so a branch that only runs on CUDA is proven here by forcing it.
+
+- which AdamW implementation a stage uses (``adamw_fused``: fused on CUDA, ``trainer.adamw`` overrides);
+- whether a precision can run on the device (``check_precision``: bf16 only where the card has it natively);
+- the autocast dtype of evaluation (``autocast_dtype``: bf16 where native, fp16 on older cards);
+- pinned host memory for the data loaders (``pin_memory``);
+- which modules ``trainer.compile`` compiles (``compile_layers``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from minimodel.config import ADAMW, PRECISIONS
+from minimodel.errors import UserError
+
+GPU_ACCELERATORS = ("auto", "gpu", "cuda")
+
+
+class PrecisionError(UserError, RuntimeError):
+    """A precision the device cannot run well (bf16 on a card without native bf16)."""
+
+
+def adamw_fused(params: Iterable[torch.nn.Parameter], choice: str = "auto") -> bool:
+    """Whether AdamW runs as one fused kernel: ``fused`` / ``foreach`` as asked; ``auto``: fused when every
+    parameter is on CUDA (Lightning moves the model before ``configure_optimizers``), foreach otherwise.
+    Fused is safe with gradient clipping in every precision: ``optim.UpdateGuard`` unscales fp16 gradients
+    itself before clipping (Lightning's own clipping refuses an optimizer that unscales internally)."""
+    if choice not in ADAMW:
+        raise ValueError(f"trainer.adamw must be one of {', '.join(ADAMW)}, got {choice!r}")
+    if choice != "auto":
+        return choice == "fused"
+    params = list(params)
+    return bool(params) and all(p.is_cuda for p in params)
+
+
+def cuda_in_use(accelerator: str) -> bool:
+    """Whether a stage with this ``trainer.accelerator`` trains on CUDA."""
+    return accelerator in GPU_ACCELERATORS and torch.cuda.is_available()
+
+
+def native_bf16(device: torch.device) -> bool:
+    """bf16 arithmetic in hardware: CUDA compute capability 8.0 or later (A100, H100, RTX 30xx+); a V100 (7.0)
+    only emulates it (``torch.cuda.is_bf16_supported()`` counts that emulation as support). CPUs: yes
+    (autocast runs bf16 kernels on any CPU)."""
+    if device.type != "cuda":
+        return True
+    major, _ = torch.cuda.get_device_capability(device)
+    return major >= 8
+
+
+def check_precision(precision: str, accelerator: str, key: str) -> None:
+    """Refuse, at the start of a stage, a precision its device cannot run as asked: ``key`` names the setting
+    (``pretrain.trainer.precision``)."""
+    if precision not in PRECISIONS:
+        raise PrecisionError(f"{key} must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision.startswith("bf16") and cuda_in_use(accelerator):
+        device = torch.device("cuda", torch.cuda.current_device())
+        if not native_bf16(device):
+            name = torch.cuda.get_device_name(device)
+            cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
+            raise PrecisionError(f"{key}={precision}, but {name} (compute capability {cap}) has no native bfloat16: "
+                                 f"it would be emulated and slow. Set {key.rsplit('.', 1)[0]}.precision=16-mixed "
+                                 f"(fp16 with loss scaling; the v100 launcher does) or 32-true")
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """Evaluation's autocast dtype: bf16 where the device has it natively, fp16 on older CUDA cards; None (full
+    precision) on the CPU."""
+    if device.type != "cuda":
+        return None
+    return torch.bfloat16 if native_bf16(device) else torch.float16
+
+
+def pin_memory() -> bool:
+    """Pinned host buffers for the data loaders: only worth it (and only possible) with CUDA."""
+    return torch.cuda.is_available()
+
+
+def compile_layers(model: nn.Module) -> int:
+    """``trainer.compile``: compile every transformer layer of ``model`` in place (``Module.compile``: the
+    parameters, their names and the checkpoints stay as they are); returns how many. Per layer, not the whole
+    model: the layers are identical, so one compiled graph serves all of them and a stage that runs only the
+    bottom layers (step 2 over a mini-model) compiles only those."""
+    from minimodel.model import Layer
+
+    layers = [m for m in model.modules() if isinstance(m, Layer)]
+    for layer in layers:
+        layer.compile()
+    return len(layers)
