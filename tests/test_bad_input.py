@@ -73,7 +73,7 @@ def test_nan_loss_stops_naming_the_update_and_keeps_the_last_good_checkpoint(tmp
 
     monkeypatch.setattr(RobertaMLM, "mlm_losses", poisoned)
     c = cfg(tmp_path, prepared, corpus_dir)
-    with pytest.raises(NonFiniteLossError, match=r"loss is nan at update 4: stopping; the last checkpoint"):
+    with pytest.raises(NonFiniteLossError, match=r"not finite at update 5 \(gradient norm nan\): stopping on every process; the last checkpoint"):
         run_pretrain(c, progress_bar=False)
     ckpts = runs(c).pretrain / "checkpoints"
     assert sorted(p.name for p in ckpts.glob("*.ckpt")) == ["last.ckpt", "step0000002.ckpt", "step0000004.ckpt"]
