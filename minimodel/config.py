@@ -495,10 +495,12 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     def fail(msg: str) -> None:
         raise ConfigError(f"{source}: {msg}")
 
+    _validate_path_components(cfg, fail)
+    _validate_logging(cfg, fail)
     _validate_evaluate(cfg, fail)
-    if cfg.models_from and (cfg.models_from == cfg.name or not re.fullmatch(r"[A-Za-z0-9_.-]+", cfg.models_from)):
+    if cfg.models_from and (cfg.models_from == cfg.name or not _is_path_component(cfg.models_from)):
         fail(f"models_from={cfg.models_from!r}: the name of another experiment (its runs are "
-             f"{{runs_dir}}/{{models_from}}), not this one's ({cfg.name!r})")
+             f"{{runs_dir}}/{{models_from}}), not this one's ({cfg.name!r}); {PATH_COMPONENT_RULE}")
     if cfg.adapt.tag and not re.fullmatch(r"[A-Za-z0-9_-]+", cfg.adapt.tag):
         fail(f"adapt.tag={cfg.adapt.tag!r}: use letters, digits, '-' and '_' (it names run directories)")
     _validate_sizes(cfg, fail)
@@ -514,8 +516,6 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
         fail(f"adapt.data_fraction must be in (0, 1], got {cfg.adapt.data_fraction}")
     if cfg.adapt.init not in ("overlap", "random"):
         fail(f"adapt.init must be 'overlap' or 'random', got {cfg.adapt.init!r}")
-    if cfg.logging.wandb not in ("auto", "online", "offline", "disabled"):
-        fail(f"logging.wandb must be auto|online|offline|disabled, got {cfg.logging.wandb!r}")
     _validate_tasks(cfg, fail)
     if cfg.body not in ("primary", "mini"):
         fail(f"body must be 'primary' or 'mini', got {cfg.body!r}")
@@ -589,6 +589,60 @@ class _Sizes:
                       f"or auto, got {t.devices}")
 
 
+_PATH_COMPONENT = re.compile(r"[A-Za-z0-9._-]+")
+PATH_COMPONENT_RULE = "use ASCII letters, digits, '.', '_' and '-' (not empty, not '.' or '..')"
+"""What a config value that names a directory or file under ``runs_dir`` / ``data.prepared_dir`` may hold."""
+
+
+def _is_path_component(value: str) -> bool:
+    return bool(_PATH_COMPONENT.fullmatch(value)) and value not in (".", "..")
+
+
+def _validate_path_components(cfg: ExperimentConfig, fail: Any) -> None:
+    """Values that ``layout.py`` (and the task and corpus readers) spell into paths: each must stay one directory
+    or file name, so that nothing is read or written outside ``runs_dir`` / ``data.prepared_dir``."""
+    def check(key: str, value: str, names: str, optional: bool = False) -> None:
+        if optional and value == "":
+            return
+        if not _is_path_component(value):
+            what = f"{key}: the task name {value!r}" if key == "tasks" else f"{key}={value!r}"
+            fail(f"{what}: it names {names}; {PATH_COMPONENT_RULE}")
+
+    check("name", cfg.name, "the experiment's directory ({runs_dir}/{name})")
+    check("tag", cfg.tag, "the system's run directory ({runs_dir}/{name}/{system}-{tag})", optional=True)
+    check("source_lang", cfg.source_lang, "the language's prepared data ({data.prepared_dir}/{lang}) and corpus file")
+    check("lang", cfg.lang, "the adaptation run ({runs_dir}/{name}/{system}/adapt/{lang})", optional=True)
+    for lang in cfg.target_langs:
+        check("target_langs", lang, "a language's runs ({runs_dir}/{name}/{system}/adapt/{lang}) and prepared data")
+    for task, t in cfg.tasks.items():
+        check("tasks", task, "a task's finetuning runs ({runs_dir}/{name}/{system}/finetune/{task})")
+        for lang in t.langs:
+            check(f"tasks.{task}.langs", lang, "a language's test file (test.{lang}) and predictions directory")
+
+
+WANDB_PROJECT_CHARS = "/\\#?%:"  # what wandb refuses in a project name (wandb_settings.Settings.validate_project)
+WANDB_PROJECT_MAX = 128
+
+
+def _validate_logging(cfg: ExperimentConfig, fail: Any) -> None:
+    """The W&B project and entity, checked here rather than by wandb when a stage has already written files."""
+    log = cfg.logging
+    if log.wandb not in ("auto", "online", "offline", "disabled"):
+        fail(f"logging.wandb must be auto|online|offline|disabled, got {log.wandb!r}")
+    project = log.project or f"minimodel-{cfg.name}"
+    key = "logging.project" if log.project else f"logging.project (default minimodel-{{name}}: {project!r})"
+    found = [c for c in WANDB_PROJECT_CHARS if c in project]
+    if found:
+        fail(f"{key}={project!r}: a W&B project name cannot contain {' '.join(found)} "
+             f"(wandb refuses any of {' '.join(WANDB_PROJECT_CHARS)}); set logging.project to another name")
+    if len(project) > WANDB_PROJECT_MAX:
+        fail(f"{key}: a W&B project name has at most {WANDB_PROJECT_MAX} characters, this one {len(project)}; "
+             f"set logging.project to a shorter name")
+    if log.entity and (set(log.entity) & set(WANDB_PROJECT_CHARS) or any(c.isspace() for c in log.entity)):
+        fail(f"logging.entity={log.entity!r}: a W&B entity is a user or team name, without spaces or any of "
+             f"{' '.join(WANDB_PROJECT_CHARS)} (it is spelled into W&B's entity/project/run paths)")
+
+
 def _validate_evaluate(cfg: ExperimentConfig, fail: Any) -> None:
     if cfg.evaluate.split not in ("test", "dev"):
         fail(f"evaluate.split must be test or dev, got {cfg.evaluate.split!r}")
@@ -654,9 +708,17 @@ def _validate_tasks(cfg: ExperimentConfig, fail: Any) -> None:
         problem = check_metrics(name, t.kind == "hub" and name in ("mlqa", "xquad"), t.metrics, t.main_metric)
         if problem:
             fail(problem)
-    for name in cfg.finetune.tasks:
-        if name not in cfg.tasks:
-            fail(f"finetune.tasks names '{name}', which is not defined under tasks: (defined: {sorted(cfg.tasks)})")
+    for key in ("tasks", "mini_tasks"):
+        for name in getattr(cfg.finetune, key):
+            if name not in cfg.tasks:
+                fail(f"finetune.{key} names '{name}', which is not defined under tasks: (defined: {sorted(cfg.tasks)})")
+    # every system's steps 3 and 4 are finetuning and its evaluation: an empty list would make them do nothing
+    if not cfg.finetune.tasks and not cfg.task:
+        fail("finetune.tasks is empty: steps 3 and 4 (finetuning, evaluation) would do nothing; name at least one "
+             f"task (defined under tasks: {sorted(cfg.tasks)}), e.g. finetune.tasks=[{next(iter(cfg.tasks), 'xnli')}]")
+    if not cfg.finetune.seeds and not cfg.seed:
+        fail("finetune.seeds is empty: steps 3 and 4 (finetuning, evaluation) would do nothing; give at least one "
+             "seed, e.g. finetune.seeds=[1]")
     if cfg.task and cfg.task not in cfg.tasks:
         fail(f"task={cfg.task} is not defined under tasks: (defined: {sorted(cfg.tasks)})")
 

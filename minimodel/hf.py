@@ -33,15 +33,20 @@ a HF ``*ForMaskedLM`` and are skipped by ``to_hf``; ``from_hf`` returns a model 
 
 from __future__ import annotations
 
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from minimodel.errors import CheckpointError
 from minimodel.model import PRIMARY, ModelConfig, RobertaMLM
 
 SUPPORTED_MODEL_TYPES = ("roberta", "xlm-roberta")
+SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # read first: tensors only, no pickle
+PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")  # read as data only (weights_only)
 
 
 def _transformers() -> Any:
@@ -165,14 +170,20 @@ def from_hf(path: str | Path) -> RobertaMLM:
     """Load a HF ``RobertaForMaskedLM`` / ``XLMRobertaForMaskedLM`` (local directory or hub id) as ``RobertaMLM``.
 
     Outputs match HF's (eval mode, ``token_type_ids`` left at 0) up to float rounding. Raises ValueError
-    for an unsupported config, a checkpoint missing weights, or an untied output projection.
+    for an unsupported config, a checkpoint missing weights, or an untied output projection. The weights are
+    ``model.safetensors`` whenever the directory has it; a ``pytorch_model.bin`` (a pickle) is read as plain data
+    only, and one that holds Python objects is refused (``CheckpointError``) as minimodel's own checkpoints are.
     """
     tf = _transformers()
     source = str(path)
     hf_config = tf.AutoConfig.from_pretrained(source)
     cfg = hf_config_to_model_config(hf_config, source)
     cls = tf.XLMRobertaForMaskedLM if hf_config.model_type == "xlm-roberta" else tf.RobertaForMaskedLM
-    hf_model, info = cls.from_pretrained(source, config=hf_config, output_loading_info=True)
+    weights, options = _weights(source)
+    try:
+        hf_model, info = cls.from_pretrained(source, config=hf_config, output_loading_info=True, **options)
+    except pickle.UnpicklingError as e:  # transformers reads pickles with torch.load(weights_only=True)
+        raise _not_plain_data(weights or f"the weights of {source} (pytorch_model.bin)", e) from e
     tied = {"lm_head.decoder.weight", "lm_head.decoder.bias"}
     missing = sorted(set(info.get("missing_keys", ())) - tied)
     if missing:
@@ -181,6 +192,37 @@ def from_hf(path: str | Path) -> RobertaMLM:
     model.load_state_dict(hf_state_dict_to_ours(hf_model.state_dict(), cfg, source), strict=True)
     model.tie_weights()
     return model.eval()
+
+
+def _weights(source: str) -> tuple[str, dict[str, Any]]:
+    """The weights file ``from_pretrained`` reads in a local model directory ("" for a hub id, where transformers
+    also takes ``model.safetensors`` first) and the options that make it read that one: ``model.safetensors``
+    whenever the directory has it, a pickled ``pytorch_model.bin`` only when it has nothing else."""
+    directory = Path(source)
+    if not directory.is_dir():
+        return "", {}
+    for name in SAFE_WEIGHTS:
+        if (directory / name).is_file():
+            return str(directory / name), {"use_safetensors": True}
+    for name in PICKLE_WEIGHTS:
+        if (directory / name).is_file():
+            return str(directory / name), {"use_safetensors": False}
+    raise CheckpointError(f"{source}: no model weights in this Hugging Face model directory (expected "
+                          f"{' or '.join(SAFE_WEIGHTS + PICKLE_WEIGHTS)}, as save_pretrained writes them)")
+
+
+def _not_plain_data(weights: str, e: pickle.UnpicklingError) -> CheckpointError:
+    """The refusal of a pickled weights file that holds more than plain data, in the form minimodel uses for its own
+    checkpoints (``checkpoints.load_checkpoint``), with the way out: the model's weights as safetensors."""
+    unsafe = re.search(r"unsupported global:? (GLOBAL )?(\S+)", str(e), re.IGNORECASE)
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    what = (f"it holds a Python object ({unsafe.group(2)}) whose loading could run code" if unsafe else
+            f"it is not readable as plain data ({lines[-1] if lines else type(e).__name__})")
+    return CheckpointError(
+        f"refusing to load {weights}: {what}; minimodel reads checkpoints as plain data (tensors, numbers, strings, "
+        f"lists) only. Do not use files of unknown origin; convert a model you trust to safetensors, which holds "
+        f"tensors only: load it with transformers and save it with save_pretrained(DIR) (transformers 5 writes "
+        f"model.safetensors; older versions need safe_serialization=True), then set bridge.source=DIR")
 
 
 def _hf_config(cfg: ModelConfig, xlmr: bool = False, **extra: Any) -> Any:

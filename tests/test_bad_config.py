@@ -1,5 +1,7 @@
 """Bad sizes and override values fail at load time naming the key; a finished stage run is reused only with the
-settings it ran with; a corrupt done.json and malformed result rows give clear messages, never tracebacks."""
+settings it ran with; a corrupt done.json and malformed result rows give clear messages, never tracebacks. Values
+that name paths, the W&B project and empty finetuning lists are refused at load time; task files that repeat a
+column or key and Hugging Face weights that are not plain data are refused naming the file (issue 25)."""
 
 from __future__ import annotations
 
@@ -7,13 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from minimodel import log as logs
 from minimodel.analysis import load_results
 from minimodel.cli import main
 from minimodel.config import ConfigError, check_finished, load_config, save_config, stage_changes
-from minimodel.errors import UserError
+from minimodel.errors import CheckpointError, UserError
 from minimodel.layout import CONFIG, DONE, read_done
 from minimodel.results import ResultsTable
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_overrides
@@ -89,7 +92,112 @@ def test_a_malformed_override_value_names_the_override(override, problem, capsys
 
 
 def test_a_quoted_override_value_is_a_string():
-    assert load_config(TINY_YAML, ["name='a: b'"]).name == "a: b"
+    assert load_config(TINY_YAML, ["runs_dir='a: b'"]).runs_dir == "a: b"
+
+
+# ---- 6. values that name directories and files (issue 25, j) --------------------------------------------------------
+
+RULE = r"use ASCII letters, digits, '\.', '_' and '-' \(not empty, not '\.' or '\.\.'\)"
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("name=../../x", r"name='\.\./\.\./x': it names the experiment's directory \(\{runs_dir\}/\{name\}\)"),
+    ("name=..", r"name='\.\.': it names the experiment's directory"),
+    ("name=.", r"name='\.': it names the experiment's directory"),
+    ("name=", r"name='': it names the experiment's directory"),
+    ("name=/tmp/x", r"name='/tmp/x': it names the experiment's directory"),
+    ("tag=../x", r"tag='\.\./x': it names the system's run directory"),
+    ("target_langs=[de,../x]", r"target_langs='\.\./x': it names a language's runs"),
+    ("target_langs=[de,'']", r"target_langs='': it names a language's runs"),
+    ("lang=..", r"lang='\.\.': it names the adaptation run"),
+    ("source_lang=e/n", r"source_lang='e/n': it names the language's prepared data"),
+    ("tasks.xnli.langs=[de,..]", r"tasks\.xnli\.langs='\.\.': it names a language's test file"),
+    ("tasks.a/b.kind=hub", r"tasks: the task name 'a/b': it names a task's finetuning runs"),
+    ("models_from=..", r"models_from='\.\.': the name of another experiment"),
+])
+def test_values_that_name_paths_are_checked_at_load_time(override, message):
+    with pytest.raises(ConfigError, match=f"^{TINY_YAML}: {message}.*; {RULE}$"):
+        load_config(TINY_YAML, [override])
+
+
+def test_ordinary_names_and_languages_pass():
+    cfg = load_config(TINY_YAML, ["name=study-2.v1_b", "tag=n6", "target_langs=[zh-CN,pt_BR]", "lang=zh-CN"])
+    assert (cfg.name, cfg.label, cfg.target_langs) == ("study-2.v1_b", "minijoint-n6", ["zh-CN", "pt_BR"])
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "/abs-escaped"])
+def test_a_name_outside_runs_dir_is_refused_before_anything_is_written(tmp_path, capsys, name):
+    runs = tmp_path / "a" / "b" / "runs"
+    rc = main(["pretrain", str(TINY_YAML), f"runs_dir={runs}", f"name={tmp_path / name if name[0] == '/' else name}",
+               "--no-progress"])
+    err = err_of(capsys)
+    assert rc == 2 and "Traceback" not in err
+    assert f"[minimodel] pretrain: error: {TINY_YAML}: name=" in err and "it names the experiment's directory" in err
+    assert list(tmp_path.iterdir()) == []  # neither runs_dir nor anything beside it
+
+
+# ---- 7. W&B project and entity, checked before a stage writes anything (issue 25, section 3) -------------------------
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("logging.project=team/proj", r"logging\.project='team/proj': a W&B project name cannot contain / \(wandb "
+                                  r"refuses any of / \\ # \? % :\); set logging\.project to another name"),
+    ("logging.project='a:b?'", r"logging\.project='a:b\?': a W&B project name cannot contain \? :"),
+    (f"logging.project={'p' * 129}", r"logging\.project: a W&B project name has at most 128 characters, this one 129"),
+    (f"name={'n' * 120}", r"logging\.project \(default minimodel-\{name\}: 'minimodel-n+'\): a W&B project name has "
+                          r"at most 128 characters, this one 130"),
+    ("logging.entity='my team'", r"logging\.entity='my team': a W&B entity is a user or team name, without spaces"),
+    ("logging.entity=org/team", r"logging\.entity='org/team': a W&B entity is a user or team name"),
+])
+def test_wandb_project_and_entity_are_checked_at_load_time(override, message):
+    with pytest.raises(ConfigError, match=f"^{TINY_YAML}: {message}"):
+        load_config(TINY_YAML, ["logging.wandb=offline", override])
+
+
+def test_what_wandb_accepts_passes_and_agrees_with_wandb():
+    wandb_settings = pytest.importorskip("wandb.sdk.wandb_settings")
+    for project in ("minimodel-study", "p" * 128, "my project (v2)"):
+        load_config(TINY_YAML, [f"logging.project='{project}'", "logging.entity=my-team_1"])
+        wandb_settings.Settings(project=project)  # wandb's own rule accepts it too
+    for bad in ("a/b", "a\\b", "a#b", "a?b", "a%b", "a:b", "p" * 129):
+        with pytest.raises(Exception, match="Invalid project name"):
+            wandb_settings.Settings(project=bad)
+        with pytest.raises(ConfigError, match="W&B project name"):
+            load_config(TINY_YAML, [f"logging.project='{bad}'"])
+
+
+def test_an_invalid_wandb_project_fails_before_a_stage_writes(tmp_path, capsys):
+    rc = main(["pretrain", str(TINY_YAML), f"runs_dir={tmp_path / 'runs'}", "logging.wandb=offline",
+               "logging.project=team/proj", "--no-progress"])
+    err = err_of(capsys)
+    assert rc == 2 and "Traceback" not in err
+    assert f"[minimodel] pretrain: error: {TINY_YAML}: logging.project='team/proj': a W&B project name" in err
+    assert not (tmp_path / "runs").exists()
+
+
+# ---- 8. an empty list of finetuning seeds or tasks (issue 25, l) ------------------------------------------------------
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("finetune.seeds=[]", r"finetune\.seeds is empty: steps 3 and 4 \(finetuning, evaluation\) would do nothing; give "
+                          r"at least one seed, e\.g\. finetune\.seeds=\[1\]"),
+    ("finetune.tasks=[]", r"finetune\.tasks is empty: steps 3 and 4 \(finetuning, evaluation\) would do nothing; name "
+                          r"at least one task \(defined under tasks: \['mlqa', 'pawsx', 'xnli', 'xquad'\]\)"),
+    ("finetune.mini_tasks=[nli]", r"finetune\.mini_tasks names 'nli', which is not defined under tasks:"),
+])
+def test_empty_finetuning_lists_are_refused_at_load_time(override, message):
+    with pytest.raises(ConfigError, match=f"^{TINY_YAML}: {message}"):
+        load_config(TINY_YAML, [override])
+
+
+def test_an_empty_finetuning_list_is_fine_when_the_command_names_the_run():
+    cfg = load_config(TINY_YAML, ["finetune.seeds=[]", "finetune.tasks=[]", "task=xnli", "seed=3"])
+    assert (cfg.task, cfg.seed) == ("xnli", 3)
+
+
+def test_empty_finetune_seeds_is_not_a_silent_success(tmp_path, capsys):
+    rc = main(["finetune", str(TINY_YAML), f"runs_dir={tmp_path / 'runs'}", "finetune.seeds=[]", "--no-progress"])
+    err = err_of(capsys)
+    assert rc == 2 and "Traceback" not in err
+    assert f"[minimodel] finetune: error: {TINY_YAML}: finetune.seeds is empty" in err
 
 
 # ---- 2. a finished stage and a changed configuration: the comparison --------------------------------------------
@@ -275,3 +383,125 @@ def test_a_stopped_run_resumes_only_with_the_settings_it_started_with(tmp_path, 
             f"mix the two") in err
     assert OmegaConf.load(run_dir / CONFIG).pretrain.optim.lr == 2e-3  # its record is not overwritten
     assert main(args) == 0 and (run_dir / DONE).exists()  # the same settings finish it
+
+
+# ---- issue 25, k: a task file that names a column or key twice --------------------------------------------------------
+
+@pytest.mark.parametrize("ext", ["csv", "tsv"])
+def test_a_duplicated_column_in_a_task_file_is_refused_naming_file_and_column(tmp_path, ext):
+    from minimodel.config import TaskConfig
+    from minimodel.data.tasks import TaskData
+    from minimodel.errors import TaskDataError
+
+    sep = "," if ext == "csv" else "\t"
+    rows = [("id", "text", "label")] + [(f"t{i}", f"text {i}", "pos" if i % 2 else "neg") for i in range(6)]
+    for split in ("train", "dev"):
+        (tmp_path / f"{split}.{ext}").write_text("".join(sep.join(r) + "\n" for r in rows), encoding="utf-8")
+    # the test file's second label column holds other labels: a reader keeping the last one scores against those
+    test = tmp_path / f"test.de.{ext}"
+    test.write_text(sep.join(("id", "text", "label", "label")) + "\n"
+                    + "".join(sep.join((i, t, y, "pos")) + "\n" for i, t, y in rows[1:]), encoding="utf-8")
+    data = TaskData("lohelp", TaskConfig(kind="local", source=str(tmp_path)))
+    assert [r["label"] for r in data.records("train")] == [0, 1, 0, 1, 0, 1]
+    with pytest.raises(TaskDataError, match=rf"^{test}, line 1: the header: column 'label' appears more than once "
+                                            rf"\(\['id', 'text', 'label', 'label'\]\); a reader would keep only one "
+                                            rf"of them: rename or remove the extra column$"):
+        data.records("test", "de")
+    # a duplicated column in train is named as such (not as a disagreement with dev)
+    (tmp_path / f"train.{ext}").write_text(sep.join(("id", "text", "text", "label")) + "\nt0" + sep + "a" + sep + "b"
+                                           + sep + "pos\n", encoding="utf-8")
+    with pytest.raises(TaskDataError, match=rf"^{tmp_path / f'train.{ext}'}, line 1: the header: column 'text' "):
+        TaskData("lohelp", TaskConfig(kind="local", source=str(tmp_path)))
+
+
+def test_a_json_key_repeated_in_one_record_is_refused(tmp_path):
+    from minimodel.data.tasks import LocalClassificationTask
+    from minimodel.errors import TaskDataError
+
+    good = '{"id": "a", "text": "x", "label": "pos"}\n{"id": "b", "text": "y", "label": "neg"}\n'
+    (tmp_path / "train.jsonl").write_text(good, encoding="utf-8")
+    task = LocalClassificationTask(tmp_path)
+    test = tmp_path / "test.de.jsonl"
+    test.write_text(good + '{"id": "c", "text": "z", "label": "neg", "label": "pos"}\n', encoding="utf-8")
+    with pytest.raises(TaskDataError, match=rf"^{test}, line 3: key 'label' appears more than once in one JSON "
+                                            rf"object \(keys: \['id', 'text', 'label'\]\); JSON readers keep only "
+                                            rf"the last: rename or remove the extra one$"):
+        task.load("test", "de")
+    test.unlink()
+    (tmp_path / "test.de.json").write_text('[{"id": "c", "text": "z", "text": "w", "label": "neg"}]', encoding="utf-8")
+    with pytest.raises(TaskDataError, match=rf"^{tmp_path / 'test.de.json'}: key 'text' appears more than once"):
+        task.load("test", "de")
+
+
+def test_a_parquet_file_with_a_repeated_column_is_refused(tmp_path):  # (pyarrow itself refuses to read it)
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from minimodel.data.tasks import read_records
+    from minimodel.errors import TaskDataError
+
+    path = tmp_path / "test.de.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array(["x"]), pa.array(["neg"]), pa.array(["pos"])],
+                                        names=["text", "label", "label"]), path)
+    with pytest.raises(TaskDataError, match=rf"^{path}: not a readable Parquet file \(.*label"):
+        list(read_records(path))
+
+
+# ---- issue 25, l: bridge.source, a Hugging Face directory whose weights are a pickle ---------------------------------
+
+def _hf_model_dir(out: Path) -> Path:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.RobertaConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=128, max_position_embeddings=66, pad_token_id=1)
+    torch.manual_seed(0)
+    transformers.RobertaForMaskedLM(config).save_pretrained(str(out))
+    return out
+
+
+class _RunsCode:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo this must never run",))
+
+
+def test_hf_weights_that_are_not_plain_data_are_refused_in_the_documented_form(tmp_path):
+    from safetensors.torch import load_file
+
+    from minimodel.hf import from_hf
+
+    d = _hf_model_dir(tmp_path / "hf")
+    weights = load_file(d / "model.safetensors")
+    reference = from_hf(d).state_dict()
+    torch.save({**weights, "extra": _RunsCode()}, d / "pytorch_model.bin")
+    # both files: model.safetensors is read, the pickle is never opened
+    assert all(torch.equal(v, reference[k]) for k, v in from_hf(d).state_dict().items())
+    (d / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=rf"^refusing to load {d / 'pytorch_model.bin'}: it holds a Python object "
+                                              rf"\(posix\.system\) whose loading could run code; minimodel reads "
+                                              rf"checkpoints as plain data .* convert a model you trust to "
+                                              rf"safetensors.*save_pretrained\(DIR\)"):
+        from_hf(d)
+    torch.save(weights, d / "pytorch_model.bin")  # a pickle of tensors only is plain data: read as such
+    assert all(torch.equal(v, reference[k]) for k, v in from_hf(d).state_dict().items())
+    (d / "pytorch_model.bin").unlink()
+    with pytest.raises(CheckpointError, match=rf"^{d}: no model weights in this Hugging Face model directory "
+                                              rf"\(expected model\.safetensors or "):
+        from_hf(d)
+
+
+def test_a_pickled_hf_model_as_bridge_source_is_a_clear_error(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    d = _hf_model_dir(tmp_path / "hf")
+    (d / "model.safetensors").unlink()
+    model = transformers.RobertaForMaskedLM(transformers.AutoConfig.from_pretrained(str(d)))
+    torch.save(model, d / "pytorch_model.bin")  # the whole module pickled, as torch.save(model) writes it
+    args = ["bridge", str(ROOT / "experiments" / "tiny.yaml"), f"runs_dir={tmp_path / 'runs'}",
+            f"data.prepared_dir={tmp_path / 'prepared'}", "logging.wandb=disabled", "system=minipost",
+            "model.mini_heads=[]", f"bridge.source={d}", "bridge.depth=1", "--no-progress"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "UnpicklingError" not in err
+    assert (f"[minimodel] bridge: error: refusing to load {d / 'pytorch_model.bin'}: it holds a Python object "
+            f"(transformers.models.roberta.modeling_roberta.RobertaForMaskedLM) whose loading could run code") in err
+    assert not (tmp_path / "runs").exists()

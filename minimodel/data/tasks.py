@@ -168,6 +168,8 @@ def _read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         with open(path, encoding="utf-8-sig", newline="") as f:
             reader = csv.DictReader(f, delimiter="\t" if ext == "tsv" else ",")
             try:
+                header = reader.fieldnames or []  # (reads the header: line_num is its last line)
+                _check_columns(path, f"line {reader.line_num}: the header", header)
                 for row in reader:
                     yield f"line {reader.line_num}", row
             except csv.Error as e:
@@ -186,11 +188,46 @@ def _read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         raise TaskDataError(f"{path}: unsupported file type '.{ext}' (use one of: {', '.join(EXTENSIONS)})")
 
 
+def _check_columns(path: Path, where: str, names: Sequence[str]) -> None:
+    """A table whose columns repeat a name would be read with only one of them (the last): refused."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise TaskDataError(f"{path}, {where}: column {name!r} appears more than once ({list(names)}); a reader "
+                                f"would keep only one of them: rename or remove the extra column")
+        seen.add(name)
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str, obj: dict[str, Any]) -> None:
+        super().__init__(key)
+        self.key, self.obj = key, obj
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' object hook: an object that repeats a key (JSON keeps the last silently) is refused."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key, obj)
+            seen.add(key)
+    return obj
+
+
+def _duplicate_key(where: str, e: _DuplicateKey) -> TaskDataError:
+    return TaskDataError(f"{where}: key {e.key!r} appears more than once in one JSON object (keys: {list(e.obj)}); "
+                         f"JSON readers keep only the last: rename or remove the extra one")
+
+
 def _json_object(text: str, where: str) -> dict[str, Any]:
     try:
-        rec = json.loads(text)
+        rec = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise TaskDataError(f"{where}: invalid JSON ({e.msg})") from e
+    except _DuplicateKey as e:
+        raise _duplicate_key(where, e) from e
     if not isinstance(rec, dict):
         raise TaskDataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
     return rec
@@ -200,9 +237,11 @@ def _json_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """Records of a .json file: a list, ``{"data": list}``, or nested SQuAD (flattened to the hub schema)."""
     try:
         text = path.read_text(encoding="utf-8-sig")
-        data = json.loads(text) if text.strip() else []
+        data = json.loads(text, object_pairs_hook=_unique_keys) if text.strip() else []
     except json.JSONDecodeError as e:
         raise TaskDataError(f"{path}, line {e.lineno}: invalid JSON ({e.msg})") from e
+    except _DuplicateKey as e:
+        raise _duplicate_key(str(path), e) from e
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
