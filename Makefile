@@ -5,7 +5,8 @@
 # Each runs every step in order (prepare, pretrain, bridge, adapt per language, finetune per task and
 # seed, evaluate, report), skips finished steps and resumes unfinished ones. Overrides:
 #   make minijoint LANGS=de,tr TASKS=xnli SEEDS=2 ARGS="pretrain.optim.micro_batch=16"
-# SLURM: make submit EXP=minijoint LAUNCHER=a100 [DRY=1]
+# SLURM: make submit EXP=minijoint LAUNCHER=a100 [DRY=1]; memory per GPU: make plan EXP=minijoint LAUNCHER=a100
+# GPU machine: make gpu-check (the GPU path end to end, ~8 min on one H100; exits 0 without a CUDA GPU)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -26,7 +27,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-slurm test-fast lint demo study study-beyond bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops
+.PHONY: help setup test test-slurm test-fast lint demo study study-beyond bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check
 
 help:
 	@sed -n '1,10p' Makefile
@@ -79,5 +80,13 @@ flops: setup
 submit: setup
 	$(MM) submit experiments/$(EXP).yaml $(OVERRIDES) --launcher $(LAUNCHER) $(if $(DRY),--dry-run)
 
+plan: setup
+	$(MM) plan experiments/$(EXP).yaml $(OVERRIDES) --launcher $(LAUNCHER)
+
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
+
+# on a machine with a CUDA GPU, after installing: the tiny chain on the GPU trainer, kill -9 + resume, the benchmarks
+# at their short size, each stage's memory against the plan -> benchmarks/results/gpu_check.json (never in `make test`)
+gpu-check: setup
+	$(BIN)/python scripts/gpu_check.py

@@ -1,0 +1,358 @@
+"""The memory plan: the per-GPU memory of each training stage of an experiment, predicted from its config.
+
+What one process holds at the peak of a training update, in bytes. The peak comes in the backward pass of a
+micro-batch after the first of an update, with the gradients of the earlier micro-batches already there:
+
+* **weights**: an fp32 master copy of every parameter the stage's model holds (frozen ones too, tied ones once);
+* **gradients**: fp32, trainable parameters only; **DDP buckets**: one more fp32 copy of them on several GPUs
+  (``DistributedDataParallel``'s buckets, ``gradient_as_bucket_view`` off);
+* **optimizer**: AdamW's two fp32 moments per trainable parameter;
+* **weight copies** (mixed precision): autocast's half-precision copy of every linear weight on the gradient's
+  path, kept for the backward pass;
+* **activations**: what autograd saves for the backward pass of the layers the stage computes, at the stage's
+  micro-batch and sequence length. Per token and layer (``a`` = 4 bytes in ``32-true``, 2 in the mixed
+  precisions, where LayerNorm inputs stay fp32 and every other saved tensor is an autocast copy): a layer whose
+  weights train keeps ``a (6h + 2f) + 4 (2h)`` bytes (its input, q/k/v, attention output, first LayerNorm
+  output, the FFN's two tensors; the two LayerNorm inputs), a frozen layer the gradient only flows through
+  ``a (4h + f) + 4 (2h)`` (a frozen linear map keeps no input); each adds two dropout masks (1 byte per
+  element on CUDA) and attention's log-sum-exp. Fused attention (flash / memory-efficient, what CUDA runs) keeps
+  no (T x T) matrix. Layers below the first trainable one keep nothing when the embeddings are frozen (the
+  bridge's copied layers; finetuning's embeddings); adaptation's frozen layers keep theirs because the gradient
+  flows down to the embeddings. The MLM heads see only the masked positions (``mask_prob`` x tokens rows, N):
+  per row and head their dense, GELU, LayerNorm and projection inputs as far as needed;
+* **logits**: each MLM head keeps its fp32 log-probabilities (N x V) for the backward pass;
+* **backward**: the backward pass's own transient peak: the cross-entropy's two fp32 (N x V) gradients (one head
+  at a time), or, where larger, the top layer's gradients with the embeddings' pending gradient.
+
+``total`` is the sum (what ``torch.cuda.max_memory_allocated`` measures); ``needed`` adds what the card loses
+besides: ``CONTEXT_GIB`` for the CUDA context, cuBLAS workspaces and NCCL buffers, and ``FRAGMENTATION`` of the
+total for the caching allocator's rounding and fragmentation.
+
+Not counted: ``torch.compile`` (it recomputes and fuses: a compiled stage needs less), padding (finetuning is
+planned at the longest ``max_len`` of its tasks, the most a batch can hold), the optimizer step's temporaries
+(fused AdamW has none; the step comes after the activations are freed), a finetuned mini-model (``body=mini``,
+smaller than the primary model) and pinned host memory. ``tests/test_memory.py`` holds the formula to live tensor
+memory measured on the CPU. Nothing here imports torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from minimodel.config import ConfigError, ExperimentConfig, ModelConfig
+from minimodel.systems import Body, adapt_depth, adapt_phases, of
+
+GiB = 2**30
+CONTEXT_GIB = 1.0  # CUDA context (~0.5 GiB), cuBLAS workspaces, NCCL buffers: outside torch's tensors
+FRAGMENTATION = 0.10  # the caching allocator's rounding and fragmentation, as a share of the tensors
+ACT_BYTES = {"32-true": 4, "bf16-mixed": 2, "16-mixed": 2}  # bytes of a saved activation element
+QA_TASKS = ("mlqa", "xquad")  # the hub tasks with a span head (extractive QA)
+INDEX_BYTES = 16  # per masked row: its position and its target (int64)
+
+
+@dataclass(frozen=True)
+class StageModel:
+    """What one stage's model holds, trains and computes: counts from the config (no torch)."""
+
+    stage: str  # pretrain | bridge | adapt | finetune
+    note: str  # what the model is, for the plan's table
+    params: int  # every parameter the model holds (tied ones once)
+    trainable: int
+    grad_path_linear: int  # weights of the linear maps the gradient flows through (copied under autocast)
+    train_layers: int  # computed layers whose weights train (full activations)
+    frozen_layers: int  # computed frozen layers the gradient flows through (activations for the input gradient)
+    embeddings: str  # what the embedding layer keeps: train | grad (frozen, the gradient flows through) | none
+    heads: int  # MLM heads computed by one forward pass (0: finetuning's task head)
+    head_kind: str  # train (every weight trains) | adapt (only the tied projection and bias) | frozen
+    vocab: int  # rows of the token embeddings (the target vocabulary in adaptation)
+    seq_len: int
+    micro_batch: int  # 0: a stage this experiment does not run (MiniPost's pretraining is BL_BASE's)
+    global_batch: int
+    precision: str
+    span_head: bool = False  # finetuning an extractive QA task: the span head keeps the last layer's output
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A stage's predicted per-GPU memory at one micro-batch, by component (bytes)."""
+
+    stage: str
+    micro_batch: int
+    seq_len: int
+    precision: str
+    gpus: int
+    weights: int
+    gradients: int
+    ddp_buckets: int
+    optimizer: int
+    weight_copies: int
+    activations: int
+    logits: int
+    backward: int
+
+    def components(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.type == "int" and f.name not in
+                ("micro_batch", "seq_len", "gpus")}
+
+    @property
+    def total(self) -> int:
+        """The tensors at the peak (comparable with ``torch.cuda.max_memory_allocated``)."""
+        return sum(self.components().values())
+
+    @property
+    def needed(self) -> int:
+        """``total`` plus the allowance for the CUDA context and the allocator: what the card must have."""
+        return round(self.total * (1 + FRAGMENTATION) + CONTEXT_GIB * GiB)
+
+
+# ------------------------------------------------------------------------------------------ parameter counts
+
+
+def embedding_params(m: ModelConfig, vocab: int) -> int:
+    return vocab * m.hidden + m.max_positions * m.hidden + 2 * m.hidden
+
+
+def layer_params(m: ModelConfig) -> int:
+    return layer_linear(m) + 9 * m.hidden + m.ffn  # + the biases and two LayerNorms
+
+
+def layer_linear(m: ModelConfig) -> int:
+    return 4 * m.hidden**2 + 2 * m.hidden * m.ffn  # qkv, attention output, FFN in and out
+
+
+def head_params(m: ModelConfig, vocab: int, bias: bool = True) -> int:
+    """An MLM head: dense, LayerNorm and output bias (its projection is the tied token embeddings)."""
+    return m.hidden**2 + 3 * m.hidden + (vocab if bias else 0)
+
+
+def task_head_params(hidden: int, qa: bool, labels: int = 3) -> int:
+    """Finetuning's head: a span head, or a classification head of ``labels`` classes (3, XNLI's: a few
+    parameters more or less do not show)."""
+    return 2 * hidden + 2 if qa else hidden**2 + hidden + labels * (hidden + 1)
+
+
+def is_qa(cfg: ExperimentConfig, task: str) -> bool:
+    return cfg.tasks[task].kind == "hub" and task in QA_TASKS
+
+
+# ------------------------------------------------------------------------------------------ the stages' models
+
+
+def stage_models(cfg: ExperimentConfig) -> list[StageModel]:
+    """The training stages of the experiment's system, each with the model it trains, as ``stages/*.py`` build
+    them: pretraining the whole model with every head; MiniPost's bridge the mini-model (embeddings and head
+    frozen, the copied layers below it too); adaptation its step-2 body (``systems``: the whole model, MiniJoint's
+    bottom layers or the bridged mini-model; with ``adapt.schedule`` its deepest phase) over the target
+    vocabulary; finetuning the primary model at the longest ``max_len`` of its tasks, embeddings frozen."""
+    s, m, d = of(cfg), cfg.model, cfg.data
+    out: list[StageModel] = []
+    if "pretrain" in s.steps():
+        p, heads = cfg.pretrain.optim, len(m.head_names)
+        params = embedding_params(m, m.vocab_size) + m.layers * layer_params(m) + heads * head_params(m, m.vocab_size)
+        out.append(StageModel(
+            "pretrain", f"{m.layers} layers, {heads} MLM head{'s' if heads > 1 else ''}", params, params,
+            m.layers * layer_linear(m) + heads * m.hidden**2 + m.vocab_size * m.hidden, m.layers, 0, "train", heads,
+            "train", m.vocab_size, d.seq_len, p.micro_batch, p.global_batch, cfg.pretrain.trainer.precision))
+    elif s.primary_from:
+        out.append(StageModel("pretrain", f"{s.primary_from}'s (shared)", 0, 0, 0, 0, 0, "none", 0, "train",
+                              m.vocab_size, d.seq_len, 0, 0, cfg.pretrain.trainer.precision))
+    if s.bridge:
+        b = cfg.bridge
+        params = embedding_params(m, m.vocab_size) + (b.depth + b.layers) * layer_params(m) + head_params(m, m.vocab_size)
+        out.append(StageModel(
+            "bridge", f"{b.depth} copied + {b.layers} trained layers", params, b.layers * layer_params(m),
+            b.layers * layer_linear(m) + m.hidden**2 + m.vocab_size * m.hidden, b.layers, 0, "none", 1, "frozen",
+            m.vocab_size, d.seq_len, b.optim.micro_batch, b.optim.global_batch, b.trainer.precision))
+    a, vocab, depth = cfg.adapt.optim, d.vocab_size, adapt_depth(cfg)
+    heads = len(adapt_phases(cfg)) if cfg.adapt.schedule else 1  # a staged body holds every phase's head
+    body = {Body.OWN: "whole model", Body.HEAD: "bottom layers", Body.BRIDGE: "bridged mini-model"}[s.body]
+    out.append(StageModel(
+        "adapt", f"{depth} layers ({body}), vocab {vocab:,}",
+        embedding_params(m, vocab) + depth * layer_params(m) + heads * head_params(m, vocab, bias=False) + vocab,
+        vocab * m.hidden + vocab, depth * layer_linear(m) + m.hidden**2 + vocab * m.hidden, 0, depth, "grad", 1,
+        "adapt", vocab, d.seq_len, a.micro_batch, a.global_batch, cfg.adapt.trainer.precision))
+    f = cfg.finetune
+    if f.tasks:
+        task = max(f.tasks, key=lambda t: cfg.tasks[t].max_len)
+        qa = is_qa(cfg, task)
+        head = task_head_params(m.hidden, qa)
+        out.append(StageModel(
+            "finetune", f"{m.layers} layers, {task} (max_len {cfg.tasks[task].max_len})",
+            embedding_params(m, m.vocab_size) + m.layers * layer_params(m) + head_params(m, m.vocab_size) + head,
+            m.layers * layer_params(m) + head, m.layers * layer_linear(m) + (0 if qa else m.hidden**2), m.layers, 0,
+            "none", 0, "train", m.vocab_size, cfg.tasks[task].max_len, f.micro_batch, f.batch_size,
+            f.trainer.precision, span_head=qa))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the estimate
+
+
+def act_bytes(sm: StageModel) -> int:
+    if sm.precision not in ACT_BYTES:
+        key = "finetune.trainer.precision" if sm.stage == "finetune" else f"{sm.stage}.trainer.precision"
+        raise ConfigError(f"{key}={sm.precision!r}: the memory plan knows {', '.join(ACT_BYTES)}")
+    return ACT_BYTES[sm.precision]
+
+
+def mask_bytes(device: str, a: int) -> int:
+    """Bytes per element of a dropout mask: CUDA's fused dropout keeps a bool mask; the CPU's multiplies by a
+    mask of the input's dtype (``a`` bytes)."""
+    return 1 if device == "cuda" else a
+
+
+def layer_activation_bytes(m: ModelConfig, a: int, trains: bool, device: str = "cuda") -> int:
+    """Bytes one layer saves per token (see the module's docstring)."""
+    h, f = m.hidden, m.ffn
+    saved = a * (6 * h + 2 * f) if trains else a * (4 * h + f)
+    return saved + 4 * 2 * h + 2 * h * mask_bytes(device, a) + 4 * (m.heads + 4)  # + log-sum-exp, LayerNorm stats
+
+
+def embedding_activation_bytes(m: ModelConfig, kind: str, device: str = "cuda") -> int:
+    """Per token: the embedding LayerNorm's fp32 input and statistics, its dropout mask (of an fp32 tensor) and,
+    when the position embeddings train, their int64 indices."""
+    if kind == "none":
+        return 0
+    return 4 * m.hidden + mask_bytes(device, 4) * m.hidden + 8 + (8 if kind == "train" else 0)
+
+
+def head_row_bytes(m: ModelConfig, a: int, kind: str) -> int:
+    """Per masked row and head: GELU's input, LayerNorm's fp32 input, and the inputs of the dense map and of the
+    projection where their weights train."""
+    copies = {"train": 3, "adapt": 2, "frozen": 1}[kind]
+    return a * copies * m.hidden + 4 * m.hidden
+
+
+def backward_bytes(m: ModelConfig, sm: StageModel, a: int, tokens: int, rows: int, device: str = "cuda") -> int:
+    """The backward pass's transient peak over the saved tensors: the cross-entropy's two fp32 (N x V) gradients
+    at the first head, or, where larger, the top layer's: the FFN's two gradients and the residual's two fp32
+    ones, with the embeddings' gradient from the tied projection (pending until the embedding layer's backward),
+    less what is freed by then (the logits, the top layer's LayerNorm input and mask)."""
+    h, f = m.hidden, m.ffn
+    head = 2 * rows * sm.vocab * 4
+    if not sm.train_layers + sm.frozen_layers:
+        return head
+    pending = 4 * sm.vocab * h if sm.embeddings in ("train", "grad") else 0
+    freed = sm.heads * rows * sm.vocab * 4 + tokens * (4 * h + mask_bytes(device, a) * h)
+    return max(head, tokens * (2 * f * a + 2 * h * 4) + pending - freed)
+
+
+def estimate(cfg: ExperimentConfig, sm: StageModel, micro_batch: int | None = None, gpus: int = 1,
+             device: str = "cuda") -> MemoryEstimate:
+    """The memory of ``sm`` (one of ``stage_models(cfg)``) at ``micro_batch`` (default: the configured one) on
+    each of ``gpus`` GPUs. ``device``: cuda (the plan) or cpu (dropout masks of the input's dtype: what the
+    tests measure)."""
+    m = cfg.model
+    mb = sm.micro_batch if micro_batch is None else micro_batch
+    a = act_bytes(sm)
+    tokens = mb * sm.seq_len
+    rows = round(cfg.data.mask_prob * tokens) if sm.heads else 0
+    act = tokens * (sm.train_layers * layer_activation_bytes(m, a, True, device)
+                    + sm.frozen_layers * layer_activation_bytes(m, a, False, device)
+                    + embedding_activation_bytes(m, sm.embeddings, device)
+                    + (a * m.hidden if sm.span_head else 0))
+    act += rows * (sm.heads * head_row_bytes(m, a, sm.head_kind) + INDEX_BYTES) if rows else 0
+    return MemoryEstimate(
+        stage=sm.stage, micro_batch=mb, seq_len=sm.seq_len, precision=sm.precision, gpus=gpus,
+        weights=4 * sm.params, gradients=4 * sm.trainable, ddp_buckets=4 * sm.trainable if gpus > 1 else 0,
+        optimizer=8 * sm.trainable, weight_copies=2 * sm.grad_path_linear if a < 4 else 0, activations=act,
+        logits=rows * sm.vocab * 4 * sm.heads, backward=backward_bytes(m, sm, a, tokens, rows, device))
+
+
+def micro_batches(global_batch: int, gpus: int) -> list[int]:
+    """The micro-batches a stage may use on ``gpus`` GPUs: the divisors of ``global_batch / gpus`` (each GPU
+    accumulates a whole number of them per update); [] when ``gpus`` does not divide the batch."""
+    if gpus < 1 or global_batch % gpus:
+        return []
+    per_gpu = global_batch // gpus
+    return [n for n in range(1, per_gpu + 1) if per_gpu % n == 0]
+
+
+# ------------------------------------------------------------------------------------------ the plan
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One stage of the plan: the estimate at its configured micro-batch and what fits on the card."""
+
+    model: StageModel
+    estimate: MemoryEstimate | None  # None: a stage of another system's (shared)
+    capacity_gib: float  # the card's memory; 0: unknown
+    largest: MemoryEstimate | None  # at the largest allowed micro-batch that fits (None: none does, or unknown)
+    choices: tuple[int, ...]  # the micro-batches the stage may use on its GPUs
+
+    @property
+    def fits(self) -> bool | None:
+        if self.estimate is None or not self.capacity_gib:
+            return None
+        return self.estimate.needed <= self.capacity_gib * GiB
+
+    @property
+    def key(self) -> str:
+        return "finetune.micro_batch" if self.model.stage == "finetune" else f"{self.model.stage}.optim.micro_batch"
+
+
+def plan_rows(cfg: ExperimentConfig, gpus: dict[str, int], capacity_gib: float) -> list[PlanRow]:
+    """The plan of every training stage; ``gpus``: the GPUs (processes) of each stage (default 1)."""
+    out = []
+    for sm in stage_models(cfg):
+        if not sm.micro_batch:
+            out.append(PlanRow(sm, None, capacity_gib, None, ()))
+            continue
+        n = max(1, gpus.get(sm.stage, 1))
+        choices = tuple(micro_batches(sm.global_batch, n))
+        fitting = [e for e in (estimate(cfg, sm, mb, n) for mb in choices) if e.needed <= capacity_gib * GiB]
+        out.append(PlanRow(sm, estimate(cfg, sm, gpus=n), capacity_gib,
+                           fitting[-1] if fitting and capacity_gib else None, choices))
+    return out
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.2f}"
+
+
+def plan_table(rows: list[PlanRow]) -> str:
+    """The plan as a Markdown table, the allowance stated under it."""
+    lines = ["| stage | model | GPUs | micro-batch | seq | precision | weights | grads | AdamW | activations | "
+             "logits + backward | total | needed | card | fits | largest micro-batch that fits |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for r in rows:
+        e, sm = r.estimate, r.model
+        if e is None:
+            lines.append(f"| {sm.stage} | {sm.note} |" + " |" * 14)
+            continue
+        card = f"{r.capacity_gib:g}" if r.capacity_gib else "?"
+        fits = {None: "?", True: "yes", False: "**no**"}[r.fits]
+        if not r.choices:
+            largest = f"none: {e.gpus} GPUs do not divide the batch ({sm.global_batch})"
+        elif not r.capacity_gib:
+            largest = "?"
+        else:
+            largest = f"{r.largest.micro_batch} ({gib(r.largest.needed)})" if r.largest else "none"
+        lines.append(
+            f"| {sm.stage} | {sm.note} | {e.gpus} | {e.micro_batch} | {e.seq_len} | {e.precision} | {gib(e.weights)} | "
+            f"{gib(e.gradients + e.ddp_buckets)} | {gib(e.optimizer)} | {gib(e.activations + e.weight_copies)} | "
+            f"{gib(e.logits + e.backward)} | {gib(e.total)} | {gib(e.needed)} | {card} | {fits} | {largest} |")
+    note = (f"GiB per GPU, eager (torch.compile needs less). total: the tensors at the peak of an update (grads "
+            f"include DDP's buckets on several GPUs, activations mixed precision's weight copies); needed: total "
+            f"+ {FRAGMENTATION:.0%} (allocator) + {CONTEXT_GIB:g} GiB (CUDA context, cuBLAS, NCCL). Finetuning at the "
+            f"longest max_len of its tasks.")
+    return "\n".join(lines) + "\n\n" + note
+
+
+def misfits(rows: list[PlanRow]) -> list[str]:
+    """One sentence per stage that would not fit its card, naming the micro-batch that would."""
+    out = []
+    for r in rows:
+        if r.fits is not False or r.estimate is None:
+            continue
+        e = r.estimate
+        if r.largest:
+            fix = f"{r.key}={r.largest.micro_batch} would ({gib(r.largest.needed)} GiB)"
+        elif not r.choices:
+            fix = f"no micro-batch works: {e.gpus} GPUs do not divide the global batch {r.model.global_batch}"
+        else:
+            fix = (f"no micro-batch dividing {r.model.global_batch // e.gpus} (the global batch per GPU) fits: use "
+                   f"more GPUs or a card with more memory")
+        out.append(f"{r.model.stage} needs about {gib(e.needed)} GiB per GPU at {r.key}={e.micro_batch}, more than "
+                   f"the card's {r.capacity_gib:g} GiB: {fix}")
+    return out

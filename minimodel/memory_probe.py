@@ -1,0 +1,261 @@
+"""Measure what the memory plan (``minimodel.memory``) predicts: the peak memory of a training update of a
+stage's real model, built from an experiment config with random weights as the stage builds it (the same
+surgery and freezing), at the configured micro-batch, sequence length and precision.
+
+One update as the stages run it: two micro-batches (the second runs with the first's gradients there, as
+under gradient accumulation), the MLM loss of the stage's heads (finetuning: a task head's cross-entropy),
+gradient clipping, AdamW (``build_optimizer``: fused on CUDA), ``zero_grad(set_to_none=True)``. The update is
+run once to create the optimizer's state, then measured.
+
+On CUDA the peak is ``torch.cuda.max_memory_allocated``; elsewhere ``LiveTensors`` counts the bytes of live
+tensor storages (a ``TorchDispatchMode``, so any device). Used by ``tests/test_memory.py`` (CPU, small sizes)
+and ``scripts/gpu_check.py`` (CUDA, roberta-base sizes)."""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from minimodel.config import PRIMARY, ExperimentConfig
+from minimodel.data.tokenizer import BOS, MASK
+from minimodel.memory import is_qa
+from minimodel.model import IGNORE_INDEX, ClassificationHead, RobertaMLM, SpanHead
+from minimodel.surgery import (
+    adaptation_trainable,
+    build_minipost,
+    extract_mini,
+    freeze_all_but,
+    primary_only,
+    staged_body,
+    swap_embeddings,
+    tie_biases,
+)
+from minimodel.systems import Body, adapt_depth, adapt_head, adapt_phases, of
+
+N_SPECIAL = 5  # <s> <pad> </s> <unk> <mask>: never drawn as a token
+
+
+class LiveTensors(TorchDispatchMode):
+    """Bytes of the tensor storages that operators allocate while active and that are still alive (``live``),
+    and their maximum (``peak``). Storages allocated before (parameters, batches) are not counted, nor views of
+    them and in-place results (an output that shares a storage with an input is not a new allocation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: dict[int, weakref.ref] = {}  # data pointer -> the storage, while it lives
+
+    def _forget(self, key: int, nbytes: int) -> None:
+        self._seen.pop(key, None)
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, Tensor):
+                continue
+            storage = t.untyped_storage()
+            key, nbytes = storage.data_ptr(), storage.nbytes()
+            if not nbytes or key in inputs or key in self._seen:
+                continue
+            self._seen[key] = weakref.ref(storage, lambda _, k=key, n=nbytes: self._forget(k, n))
+            self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        return out
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+
+# ------------------------------------------------------------------------------------------ the stages' models
+
+
+@dataclass
+class StageUnderTest:
+    """A stage's model and how one micro-batch's loss is computed from a batch."""
+
+    stage: str
+    model: nn.Module
+    loss: Callable[[dict[str, Tensor]], Tensor]
+    vocab: int
+    seq_len: int
+    micro_batch: int
+    precision: str
+    task_labels: int = 0  # finetuning: classes of the task head (0: a span head)
+
+
+def mlm_loss(model: RobertaMLM, heads: list[str] | None = None) -> Callable[[dict[str, Tensor]], Tensor]:
+    """The MLM stages' loss: the mean of the heads' losses (``MLMModule``'s default weights)."""
+    def loss(batch: dict[str, Tensor]) -> Tensor:
+        losses = model.mlm_losses(batch["input_ids"], batch["labels"], heads)
+        return torch.stack(list(losses.values())).mean()
+    return loss
+
+
+def build_stage(cfg: ExperimentConfig, stage: str) -> StageUnderTest:
+    """The model ``stage`` trains, as ``stages/{stage}.py`` builds it (random weights)."""
+    m, d = cfg.model, cfg.data
+    if stage == "pretrain":
+        model = RobertaMLM(m)
+        o = cfg.pretrain.optim
+        return StageUnderTest(stage, model, mlm_loss(model), m.vocab_size, d.seq_len, o.micro_batch,
+                              cfg.pretrain.trainer.precision)
+    if stage == "bridge":
+        b = cfg.bridge
+        model = build_minipost(RobertaMLM(replace(m, mini_heads=[])), b.depth, b.layers, seed=b.trainer.seed)
+        return StageUnderTest(stage, model, mlm_loss(model), m.vocab_size, d.seq_len, b.optim.micro_batch,
+                              b.trainer.precision)
+    if stage == "adapt":
+        kind = of(cfg).body
+        primary = RobertaMLM(m)
+        if cfg.adapt.schedule:
+            body, _ = staged_body(primary, [p.head for p in adapt_phases(cfg)])
+        elif kind is Body.HEAD:
+            body = extract_mini(primary, adapt_depth(cfg), adapt_head(cfg))
+        elif kind is Body.BRIDGE:
+            body = build_minipost(primary_only(primary), cfg.bridge.depth, cfg.bridge.layers)
+        else:
+            body = primary_only(primary)
+        vocab = d.vocab_size
+        swap_embeddings(body, torch.randn(vocab, m.hidden) * m.init_std, torch.zeros(vocab))
+        tie_biases(body)
+        freeze_all_but(body, adaptation_trainable)
+        o = cfg.adapt.optim
+        return StageUnderTest(stage, body, mlm_loss(body, [PRIMARY]), vocab, d.seq_len, o.micro_batch,
+                              cfg.adapt.trainer.precision)
+    if stage == "finetune":
+        from minimodel.stages.finetune import finetune_trainable
+
+        task = max(cfg.finetune.tasks, key=lambda t: cfg.tasks[t].max_len)
+        body = primary_only(RobertaMLM(m))
+        freeze_all_but(body, finetune_trainable)
+        qa, labels = is_qa(cfg, task), 3
+        head: nn.Module = SpanHead(m.hidden) if qa else ClassificationHead(m.hidden, labels, m.dropout)
+        model = nn.ModuleDict({"body": body, "head": head})
+
+        def loss(batch: dict[str, Tensor]) -> Tensor:
+            out = head(body.encode(batch["input_ids"]))
+            if qa:
+                start, end = out
+                return (F.cross_entropy(start.float(), batch["start"]) + F.cross_entropy(end.float(), batch["end"])) / 2
+            return F.cross_entropy(out.float(), batch["label"])
+
+        return StageUnderTest(stage, model, loss, m.vocab_size, cfg.tasks[task].max_len, cfg.finetune.micro_batch,
+                              cfg.finetune.trainer.precision, 0 if qa else labels)
+    raise ValueError(f"no stage {stage!r}: pretrain, bridge, adapt or finetune")
+
+
+def make_batch(s: StageUnderTest, mask_prob: float, device: torch.device, seed: int = 0) -> dict[str, Tensor]:
+    """Random tokens after <s>, no padding; MLM stages: exactly round(mask_prob x tokens) masked positions (the
+    plan's count) anywhere but on a <s>; finetuning: random labels and answer spans."""
+    g = torch.Generator().manual_seed(seed)
+    b, t = s.micro_batch, s.seq_len
+    ids = torch.randint(N_SPECIAL, s.vocab, (b, t), generator=g)
+    ids[:, 0] = BOS
+    out = {"input_ids": ids}
+    if s.stage == "finetune":
+        out["label"] = torch.randint(0, max(1, s.task_labels), (b,), generator=g)
+        out["start"] = torch.randint(0, t, (b,), generator=g)
+        out["end"] = torch.randint(0, t, (b,), generator=g)
+    else:
+        positions = torch.arange(b * t)
+        positions = positions[positions % t != 0]  # never a <s>
+        flat = positions[torch.randperm(len(positions), generator=g)[: round(mask_prob * b * t)]]
+        labels = torch.full((b * t,), IGNORE_INDEX)
+        labels[flat] = ids.flatten()[flat]
+        ids.view(-1)[flat] = MASK
+        out["labels"] = labels.view(b, t)
+    return {k: v.to(device) for k, v in out.items()}
+
+
+# ------------------------------------------------------------------------------------------ one update
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one update of a stage's model took (bytes): the parameters, gradients and AdamW state it holds, and
+    the peak of all its tensors during the update (weights, gradients and state included; the batch not)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    peak: int
+
+    @property
+    def rest(self) -> int:
+        """The peak less weights, gradients and optimizer: activations, weight copies, logits, the backward's own."""
+        return self.peak - self.weights - self.gradients - self.optimizer
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """The stage's autocast: bf16 (16-mixed: fp16 on CUDA, bf16 on the CPU, as Lightning does), none in 32-true."""
+    if precision == "32-true":
+        return contextlib.nullcontext()
+    dtype = torch.float16 if precision == "16-mixed" and device.type == "cuda" else torch.bfloat16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def _bytes(tensors: Iterator[Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def measure_update(s: StageUnderTest, device: torch.device, mask_prob: float, grad_clip: float = 1.0) -> Measured:
+    """Peak memory of one update of ``s`` on ``device`` (two micro-batches, after one warm-up update)."""
+    from minimodel.config import OptimConfig
+    from minimodel.training.optim import build_optimizer
+
+    torch.manual_seed(0)
+    batches = [make_batch(s, mask_prob, device, seed) for seed in (1, 2)]
+    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0  # the batches, anything earlier
+    model = s.model.to(device).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt, _ = build_optimizer(params, OptimConfig(warmup_updates=10, updates=100))
+    scaler = torch.amp.GradScaler(device.type) if s.precision == "16-mixed" and device.type == "cuda" else None
+
+    def update() -> None:
+        for batch in batches:
+            with autocast(device, s.precision):
+                loss = s.loss(batch)
+            (scaler.scale(loss) if scaler else loss).backward()
+            del loss
+        if scaler:
+            scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    weights = _bytes(model.parameters())
+    if device.type == "cuda":
+        update()
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        update()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - base  # weights and optimizer state included
+    else:
+        with LiveTensors() as live:
+            update()
+            live.reset_peak()
+            update()
+        peak = weights + live.peak  # the tracker counts what the updates created: optimizer state included
+    grads = sum(4 * p.numel() for p in params)  # fp32, as the update leaves them before zero_grad
+    state = _bytes(v for st in opt.state.values() for v in st.values() if isinstance(v, Tensor) and v.dim() > 0)
+    return Measured(weights=weights, gradients=grads, optimizer=state, peak=peak)
