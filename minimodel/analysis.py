@@ -13,7 +13,7 @@ from pathlib import Path
 from statistics import fmean as mean
 from typing import Any
 
-from minimodel import systems
+from minimodel import atomic, systems
 from minimodel.config import ExperimentConfig, pooled_label
 from minimodel.flops import adapt_flops, bridge_flops, pretrain_flops, v100_days
 from minimodel.layout import Layout
@@ -780,7 +780,7 @@ def plot_curves(res: Results, out_dir: Path) -> dict[str, Path]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic.make_dirs(out_dir)
     paths = {}
     for task in res.tasks:
         fig = Figure(figsize=(6, 4), dpi=100)
@@ -805,7 +805,7 @@ def plot_curves(res: Results, out_dir: Path) -> dict[str, Path]:
         ax.legend(fontsize=8)
         fig.tight_layout()
         path = out_dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', task)}.png"
-        fig.savefig(path)
+        atomic.write_with(path, lambda f, fig=fig: fig.savefig(f, format="png"))  # whole, or the old one kept
         paths[task] = path
     return paths
 
@@ -906,13 +906,11 @@ def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
     res = load_results(runs_dir, name, main_metrics, split)
     res.set_baselines(baselines)
     out = Path(out) if out is not None else Layout(Path(runs_dir), name).report_of(split)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic.make_dirs(out.parent)
     pngs = plot_curves(res, out.parent / ("plots" if split == "test" else f"plots-{split}")) if res.curves else {}
     text = render_report(res, name, {task: path.relative_to(out.parent).as_posix() for task, path in pngs.items()},
                          depths, variants)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
+    atomic.write_text(out, text)
     return out
 
 

@@ -13,12 +13,9 @@ names the file. Bump ``FORMAT`` and add a migration in ``_migrate`` whenever a p
 
 from __future__ import annotations
 
-import errno
-import os
 import pickle
 import random
 import re
-import shutil
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -26,6 +23,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import torch
 
+from minimodel import atomic
 from minimodel.errors import CheckpointError
 from minimodel.model import ClassificationHead, ModelConfig, RobertaMLM, SpanHead
 
@@ -39,38 +37,9 @@ __all__ = ["FORMAT", "CheckpointError", "TrainingMeta", "Adaptation", "Finetuned
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """torch.save to a temporary file in the same folder, fsync, then rename over the target: a crash, a
-    full disk or an interrupt leaves the previous file untouched and no partial file behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:  # torch reports a full disk as RuntimeError ("enforce fail"), not OSError
-        tmp.unlink(missing_ok=True)
-        if not isinstance(e, (OSError, RuntimeError)):
-            raise
-        needed = payload_bytes(obj)
-        free = shutil.disk_usage(path.parent).free
-        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or free < needed:
-            raise CheckpointError(f"disk full while writing {path}: {needed:,} bytes needed, {free:,} free on "
-                                  f"{path.parent}; free some space and rerun (the previous checkpoint is untouched)") from e
-        raise CheckpointError(f"writing checkpoint {path} failed ({type(e).__name__}: {e}); "
-                              f"the previous checkpoint is untouched") from e
-
-
-def payload_bytes(obj: Any) -> int:
-    """The bytes of the tensors in ``obj`` (nested dicts, lists and tuples): about what saving it needs."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(payload_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(payload_bytes(v) for v in obj)
-    return 0
+    """``atomic.save_torch``: torch.save to a temporary file beside ``path``, fsync, rename over it; a crash, a full
+    disk (a ``WriteError`` naming the bytes needed and free) or Ctrl-C leaves the previous file and no partial one."""
+    atomic.save_torch(obj, Path(path))
 
 
 def _numpy_array_globals() -> list[Any]:
@@ -111,15 +80,7 @@ def _first_line(e: BaseException) -> str:
     return lines[-1].strip() if isinstance(e, pickle.UnpicklingError) and lines else (lines[0] if lines else "")
 
 
-def link_or_copy(src: Path, dst: Path) -> None:
-    """``dst`` becomes the same file as ``src`` (a hard link where possible), atomically."""
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+link_or_copy = atomic.link_or_copy  # ``dst`` becomes the same file as ``src`` (a hard link where possible), whole
 
 
 def rng_state() -> dict:

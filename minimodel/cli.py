@@ -1,22 +1,26 @@
 """`minimodel COMMAND CONFIG [key=value ...]`.
 
-Exit codes: 0 done; 2 bad input (the message names the file or key); 3 stopped by SIGTERM/SIGUSR1 or
-``trainer.max_minutes`` after a checkpoint: rerun (requeue) to resume; 4 stopped at ``trainer.stop_at`` as asked:
-not finished (no ``done.json``), so no step that reads it may start; rerun without ``stop_at`` to go on. ``submit``,
-``flops`` and ``report`` never import torch or Lightning."""
+Exit codes: 0 done; 2 bad input (the message names the file or key), or a file the disk refused (full, read-only);
+3 stopped by SIGTERM/SIGUSR1, Ctrl-C in a training stage or ``trainer.max_minutes`` after a checkpoint: rerun
+(requeue) to resume; 4 stopped at ``trainer.stop_at`` as asked: not finished (no ``done.json``), so no step that reads
+it may start; rerun without ``stop_at`` to go on; 130 interrupted by Ctrl-C at once (any other command, a stage still
+starting, or a second Ctrl-C): every file written is whole, rerun to go on (``errors.INTERRUPT_EXIT``). ``submit``,
+``flops``, ``plan`` and ``report`` never import torch or Lightning."""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from minimodel import atomic, signals
 from minimodel import log as logs
-from minimodel import signals
 from minimodel.config import ExperimentConfig, load_config, pooled_label
-from minimodel.errors import ERROR_EXIT, REQUEUE_EXIT, STOPPED_EXIT, UserError
+from minimodel.errors import ERROR_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT, STOPPED_EXIT, UserError
 
 log = logs.get_logger("minimodel.cli")
 
@@ -171,6 +175,20 @@ def cmd_flops(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     return ""
 
 
+def cmd_plan(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
+    from minimodel.launch import launcher_path, load_launcher, memory_plan
+    from minimodel.memory import misfits, plan_table
+
+    lc = load_launcher(launcher_path(args.launcher, args.config))
+    plans = memory_plan(args.config, args.overrides, lc)
+    card = f"{lc.gpu_memory_gib:g} GiB per GPU" if lc.gpu_memory_gib else "GPU memory unknown: gpu_memory_gib is 0"
+    for label, rows in plans:
+        print(f"{cfg.name} / {label} on launcher {Path(lc.source).stem} ({card})\n\n{plan_table(rows)}\n")
+        for line in misfits(rows):
+            log.warning(f"WARNING: {label}: {line}")
+    return ""
+
+
 def cmd_export(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.export import export, push_to_hub
 
@@ -194,6 +212,7 @@ COMMANDS: dict[str, tuple[Callable[[ExperimentConfig, argparse.Namespace], str],
     "run": (cmd_run, "every step of the experiment in order (skips finished steps, resumes the others)"),
     "submit": (cmd_submit, "write one sbatch script per step and submit them with afterok dependencies"),
     "flops": (cmd_flops, "print the experiment's training cost (paper formulas A1, A3, A4)"),
+    "plan": (cmd_plan, "predict each training stage's memory per GPU and check it against the launcher's cards"),
     "export": (cmd_export, "a transformers model + fast tokenizer with a language's embeddings (lang=xx [step=N] "
                            "[task=T seed=S]), or the embeddings alone (--embeddings-only)"),
 }
@@ -212,8 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "report":
             s.add_argument("--out", default="", help="where to write the report (default runs_dir/NAME/report.md); "
                                                      "its plots go to plots/ beside it")
-        if name == "submit":
+        if name in ("submit", "plan"):
             s.add_argument("--launcher", default="local", help="conf/launcher/NAME.yaml or a path (cluster resources)")
+        if name == "submit":
             s.add_argument("--dry-run", action="store_true", help="write and print the scripts, submit nothing")
         if name == "export":
             s.add_argument("--out", required=True, help="the directory to write (new or empty)")
@@ -239,6 +259,12 @@ CATCH_EARLY = ("pretrain", "bridge", "adapt", "finetune", "evaluate", "run")
 recorded and honoured (``signals``), not fatal."""
 
 
+def _interrupted(command: str) -> int:
+    log.error(f"{command}: interrupted (Ctrl-C): stopped at once; every file it wrote is whole (none is left "
+              f"half-written): rerun the same command to go on")
+    return INTERRUPT_EXIT
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -248,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides = [*args.overrides, *extra]
     logs.setup()
     early: dict = {}  # the signal handlers catch_early replaced: put back when the command ends
+    sigint = signal.getsignal(signal.SIGINT)  # put back too: Lightning ignores Ctrl-C after it stopped a stage
     try:
         if args.command == "export":  # step=N picks an adaptation checkpoint: not a config key
             steps = [o for o in args.overrides if o.startswith("step=")]
@@ -263,8 +290,22 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         log.error(f"{args.command}: error: {e}")
         return ERROR_EXIT
+    except OSError as e:  # a write outside minimodel's own (atomic): a full or read-only disk is still exit 2
+        refused = atomic.disk_error(e)
+        if refused is None:
+            raise
+        log.error(f"{args.command}: error: {refused}")
+        return ERROR_EXIT
+    except KeyboardInterrupt:
+        return _interrupted(args.command)
+    except SystemExit:  # Lightning's answer to Ctrl-C inside a training stage: sys.exit(1)
+        if signals.interrupted():
+            return _interrupted(args.command)
+        raise
     finally:
         signals.restore(early)
+        if sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, sigint)
     if stopped.startswith("stop_at="):
         log.warning(f"{args.command}: stopped at {stopped} as asked, after writing a checkpoint: the step is not "
                     f"finished (exit {STOPPED_EXIT}); rerun without stop_at to go on")

@@ -23,6 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
+from minimodel import atomic
 from minimodel.errors import UserError
 
 PRIMARY = "primary"  # the MLM head after the last layer; a secondary head after layer N is "l{N}"
@@ -735,10 +736,8 @@ def to_yaml(cfg: ExperimentConfig) -> str:
 
 
 def save_config(cfg: ExperimentConfig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(to_yaml(cfg))
-    os.replace(tmp, path)
+    """The settings a stage ran with (``config.yaml``), written whole (``atomic``)."""
+    atomic.write_text(path, to_yaml(cfg))
 
 
 # ---------------------------------------------------------------------- a finished stage run, a new configuration

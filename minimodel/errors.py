@@ -6,9 +6,14 @@ without a traceback. Nothing here imports torch, so light commands stay light.""
 
 from __future__ import annotations
 
-ERROR_EXIT = 2  # bad input: the message names the file or key at fault
-REQUEUE_EXIT = 3  # stopped early (signal, wall-time cap) after writing a checkpoint: rerun or requeue to resume
+ERROR_EXIT = 2  # bad input, or a file the disk refused (full, read-only): the message names the file or key at fault
+REQUEUE_EXIT = 3  # stopped early (SIGTERM/SIGUSR1, Ctrl-C in training, wall-time cap) after a checkpoint: rerun to resume
 STOPPED_EXIT = 4  # stopped at trainer.stop_at, as asked, after a checkpoint: not finished, so nothing may build on it
+INTERRUPT_EXIT = 130  # Ctrl-C outside training, or a second Ctrl-C in it: stopped at once; every file is whole, rerun
+"""Ctrl-C (SIGINT): a training stage (pretrain, bridge, adapt, finetune) takes the first one as SIGTERM (finish the
+update, checkpoint, exit 3) and a second one as "stop now" (exit 130, the last checkpoint kept); every other command
+and a stage still starting stops at once with ``interrupted`` and exit 130. Nothing is left half-written (``atomic``):
+rerun the same command to go on."""
 
 
 class UserError(Exception):
@@ -22,6 +27,16 @@ class CheckpointError(UserError, RuntimeError):
 class TaskDataError(UserError, ValueError):
     """A downstream task's data (directory, file, record) that cannot be used, with a message naming the
     file and line and the fix."""
+
+
+class WriteError(UserError):
+    """A file that could not be written (full disk, quota, read-only file system, permissions; ``atomic``): the
+    message names the file, the bytes needed and free where it applies, the mount and the fix. ``errno``: the file
+    system's error."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.errno = code
 
 
 class NonFiniteLossError(UserError, RuntimeError):

@@ -13,17 +13,17 @@ trained for) into this experiment's primary or finetuned model. ``--push-to-hub 
 
 from __future__ import annotations
 
-import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minimodel.checkpoints import Adaptation, CheckpointError, atomic_torch_save, load_adaptation, load_finetuned
+from minimodel import atomic
+from minimodel.checkpoints import Adaptation, CheckpointError, load_adaptation, load_finetuned
 from minimodel.config import ConfigError, ExperimentConfig
 from minimodel.data.tokenizer import Tokenizer, TokenizerError
 from minimodel.layout import adaptation_checkpoints, checkpoint_step, finetuned_model
 from minimodel.log import get_logger
+from minimodel.provenance import check_producer, require_finished, run_identity
 from minimodel.surgery import PlugError, plug_embeddings
 from minimodel.systems import runs
 
@@ -39,6 +39,7 @@ class Embeddings:
     adapted: Adaptation
     tokenizer: Tokenizer
     source: str  # the checkpoint or artifact they were read from
+    adapt_id: str = ""  # the identity of the finished adaptation run they come from (provenance.run_identity)
 
     @property
     def provenance(self) -> dict[str, Any]:
@@ -46,7 +47,8 @@ class Embeddings:
         return {"system": a.system, "lang": a.lang, "step": int(a.step), "flops": float(a.flops),
                 "v100_days": float(a.v100_days), "phase": a.phase, "primary": a.primary, "body": a.body,
                 "body_layers": a.body_layers, "vocab_size": int(a.embeddings.shape[0]),
-                "hidden": int(a.embeddings.shape[1]), "tokenizer_sha256": a.tokenizer["sha256"], "from": self.source}
+                "hidden": int(a.embeddings.shape[1]), "tokenizer_sha256": a.tokenizer["sha256"], "from": self.source,
+                "adapt_id": self.adapt_id}
 
 
 def adapted_embeddings(cfg: ExperimentConfig, step: int | None = None) -> Embeddings:
@@ -57,6 +59,8 @@ def adapted_embeddings(cfg: ExperimentConfig, step: int | None = None) -> Embedd
     if not cfg.lang:
         raise ConfigError("export needs lang=xx: the target language whose embeddings to export")
     run = runs(cfg).adapt(cfg.lang)
+    require_finished(run, f"the adaptation of {cfg.lang}", f"minimodel adapt ... lang={cfg.lang}")
+    check_producer(cfg, run, "export")
     found = {checkpoint_step(p): p for p in adaptation_checkpoints(run)}
     if not found:
         raise CheckpointError(f"no adaptation checkpoints in {run}: run `minimodel adapt ... lang={cfg.lang}` first")
@@ -68,7 +72,7 @@ def adapted_embeddings(cfg: ExperimentConfig, step: int | None = None) -> Embedd
     tok = load_prepared_tokenizer(cfg, cfg.lang)
     if not isinstance(tok, Tokenizer):
         raise TokenizerError(f"{cfg.lang}: only SentencePiece tokenizers (those `minimodel prepare` trains) export")
-    return Embeddings(adapted, tok, str(path))
+    return Embeddings(adapted, tok, str(path), adapt_id=run_identity(run) or "")
 
 
 def load_artifact(directory: str | Path) -> Embeddings:
@@ -82,39 +86,54 @@ def load_artifact(directory: str | Path) -> Embeddings:
 
 
 def _write_provenance(out: Path, emb: Embeddings, **extra: Any) -> None:
-    (out / PROVENANCE).write_text(json.dumps({**emb.provenance, **extra}, indent=1) + "\n")
+    atomic.write_json(out / PROVENANCE, {**emb.provenance, **extra})
 
 
-def _fresh(out: Path, force: bool) -> None:
-    """``out`` ready to write: a new or empty directory, or (``force``) one this command wrote before."""
+def _check_out(out: Path, force: bool) -> bool:
+    """``out`` may be written: a new or empty directory, or (``force``) one this command wrote before, which the
+    new export replaces (True) once it is complete."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a directory: choose another --out")
     if out.exists() and any(out.iterdir()):
         if not force:
             raise ConfigError(f"--out {out} exists and is not empty: choose another directory (or --force to "
                               f"replace an earlier export)")
         if not (out / PROVENANCE).is_file():
             raise ConfigError(f"--out {out} holds files that are not a minimodel export: not replacing them")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+        return True
+    return False
 
 
 def export(cfg: ExperimentConfig, out: Path, step: int | None = None, embeddings_only: bool = False,
            embeddings_from: str = "", force: bool = False) -> Path:
-    """Write the export (see the module docstring) to ``out`` and return it."""
-    from minimodel.hf import fast_tokenizer, task_to_hf, to_hf
-    from minimodel.stages.bridge import load_primary
-
+    """Write the export (see the module docstring) to ``out`` and return it. Every file is written into a
+    temporary directory beside ``out``, which becomes ``out`` when the export is complete: a full disk, a read-only
+    file system or Ctrl-C leaves no partial export (and ``--force`` the earlier one)."""
     emb = load_artifact(embeddings_from) if embeddings_from else adapted_embeddings(cfg, step)
     if embeddings_only and embeddings_from:
         raise ConfigError("--embeddings-only with --embeddings: the artifact is already an embeddings export")
-    _fresh(out, force)
-    tok = emb.tokenizer
+    replace = _check_out(out, force)
+    with atomic.replacing_dir(out, replace=replace) as d:
+        kind = _write(cfg, emb, d, embeddings_only)
     if embeddings_only:
-        atomic_torch_save(emb.adapted.to_dict(), out / EMBEDDINGS)
-        shutil.copyfile(tok.path, out / TOKENIZER)
-        _write_provenance(out, emb, kind="embeddings")
         log.info(f"{emb.adapted.lang} embeddings ({emb.provenance['vocab_size']} x {emb.provenance['hidden']}, "
                  f"step {emb.adapted.step}) -> {out}")
-        return out
+    else:
+        log.info(f"{kind} model, {emb.adapted.lang} embeddings of step {emb.adapted.step} -> {out}")
+    return out
+
+
+def _write(cfg: ExperimentConfig, emb: Embeddings, out: Path, embeddings_only: bool) -> str:
+    """The files of the export, into the (temporary) directory ``out``; returns what kind of export it is."""
+    from minimodel.hf import fast_tokenizer, task_to_hf, to_hf
+    from minimodel.stages.bridge import load_primary
+
+    tok = emb.tokenizer
+    if embeddings_only:
+        atomic.save_torch(emb.adapted.to_dict(), out / EMBEDDINGS)
+        atomic.copy_file(tok.path, out / TOKENIZER)
+        _write_provenance(out, emb, kind="embeddings")
+        return "embeddings"
     r = runs(cfg)
     if cfg.task:
         model_path = finetuned_model(r.finetune(cfg.task, cfg.seed))
@@ -134,8 +153,7 @@ def export(cfg: ExperimentConfig, out: Path, step: int | None = None, embeddings
         body = model
     fast_tokenizer(tok.path, body.cfg.max_positions - 2).save_pretrained(str(out))
     _write_provenance(out, emb, **what)
-    log.info(f"{what['kind']} model, {emb.adapted.lang} embeddings of step {emb.adapted.step} -> {out}")
-    return out
+    return str(what["kind"])
 
 
 def push_to_hub(out: Path, repo: str) -> None:  # pragma: no cover - needs the network and credentials

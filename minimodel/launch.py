@@ -47,7 +47,11 @@ from pathlib import Path
 from minimodel.config import ConfigError, ExperimentConfig, find_conf_dir, load_config, load_structured
 from minimodel.errors import REQUEUE_EXIT, UserError
 from minimodel.layout import Layout
-from minimodel.pipeline import Step, plan
+from minimodel.log import get_logger
+from minimodel.memory import PlanRow, misfits, plan_rows
+from minimodel.pipeline import Step, plan, variants
+
+log = get_logger(__name__)
 
 TRAINING_STAGES = ("pretrain", "bridge", "adapt")  # may span several GPUs / nodes (srun + DDP)
 TRAINER_STAGES = ("pretrain", "bridge", "adapt", "finetune")  # stages with a `{stage}.trainer` config
@@ -99,6 +103,9 @@ class LauncherConfig:
     max_requeues: int = 20  # give up (exit 3, job FAILED) once SLURM_RESTART_COUNT reaches this
     trainer: list[str] = field(default_factory=list)  # key=value for {stage}.trainer of training/finetuning steps
     extra_sbatch: list[str] = field(default_factory=list)  # more #SBATCH options for every job, e.g. --mail-type=FAIL
+    # the memory of one GPU in GiB, as torch reports it (torch.cuda.get_device_properties(0).total_memory / 2**30):
+    # `minimodel plan` and `submit` check each training stage's micro-batch against it (minimodel.memory); 0 = unknown
+    gpu_memory_gib: float = 0.0
     stages: StageResources = field(default_factory=StageResources)
     source: str = field(default="", metadata={"omegaconf_ignore": True})  # the file it came from
 
@@ -139,6 +146,9 @@ def _validate(c: LauncherConfig) -> None:
 
     if c.signal_lead_s < 0 or c.max_requeues < 0:
         fail("signal_lead_s and max_requeues must be >= 0")
+    if not 0 <= c.gpu_memory_gib < 10_000:  # (nan fails too)
+        fail(f"gpu_memory_gib must be the memory of one GPU in GiB (e.g. 79.2 for an 80 GB A100), or 0 for unknown, "
+             f"got {c.gpu_memory_gib}")
     for i, opt in enumerate(c.extra_sbatch):
         if not opt.startswith("-"):
             fail(f"extra_sbatch[{i}] must be an sbatch option such as --mail-type=FAIL, got {opt!r}")
@@ -161,6 +171,36 @@ def _validate(c: LauncherConfig) -> None:
         for i, opt in enumerate(r.extra_sbatch):
             if not opt.startswith("-"):
                 fail(f"{key}.extra_sbatch[{i}] must be an sbatch option, got {opt!r}")
+
+
+# ------------------------------------------------------------------------------------------------ memory
+
+
+def stage_gpus(lc: LauncherConfig) -> dict[str, int]:
+    """The GPUs (processes) of each training stage under the launcher: nodes x GPUs per node for the distributed
+    stages, one for finetuning (and wherever the launcher gives no GPU)."""
+    def gpus(stage: str) -> int:
+        r = lc.resources(stage)
+        return max(1, r.nodes * r.gpus_per_node) if stage in TRAINING_STAGES else 1
+
+    return {stage: gpus(stage) for stage in TRAINER_STAGES}
+
+
+def memory_plan(config: str, overrides: list[str], lc: LauncherConfig) -> list[tuple[str, list[PlanRow]]]:
+    """The memory plan (``minimodel.memory``) of every variant of the experiment on the launcher's GPUs, with the
+    launcher's trainer settings (e.g. precision=16-mixed) applied as its jobs apply them: (label, rows) pairs."""
+    extra = [f"{stage}.trainer.{kv}" for stage in TRAINER_STAGES for kv in lc.trainer]
+    return [(v.label, plan_rows(load_config(config, [*v.overrides, *extra]), stage_gpus(lc), lc.gpu_memory_gib))
+            for v in variants(config, overrides)]
+
+
+def memory_warnings(config: str, overrides: list[str], lc: LauncherConfig) -> list[str]:
+    """A sentence per training stage that would not fit the launcher's GPUs (none when their memory is unknown)."""
+    if not lc.gpu_memory_gib:
+        return []
+    plans = memory_plan(config, overrides, lc)
+    return [f"{label + ': ' if len(plans) > 1 else ''}{line} (launcher {lc.source}; `minimodel plan` shows the plan)"
+            for label, rows in plans for line in misfits(rows)]
 
 
 # ------------------------------------------------------------------------------------------------ scripts
@@ -277,7 +317,8 @@ def finished_steps(config: str, steps: list[Step]) -> frozenset[str]:
     """The training steps whose run holds a ``done.json`` written with this configuration's settings: a
     resubmission leaves them out (their dependants do not wait on them)."""
     from minimodel.config import check_finished
-    from minimodel.layout import is_done, recorded_inputs, stale_inputs
+    from minimodel.layout import is_done
+    from minimodel.provenance import recorded_inputs, stale_inputs
 
     out = set()
     for step in steps:
@@ -332,6 +373,8 @@ def submit(config: str, overrides: list[str], launcher: str = "local", dry_run: 
     cfg = load_config(config, overrides)
     lc = load_launcher(launcher_path(launcher, config))
     steps = plan(config, overrides)
+    for warning in memory_warnings(config, overrides, lc):
+        log.warning(f"WARNING: {warning}")
     layout = Layout.of(cfg)
     run_root, slurm = layout.root.absolute(), layout.slurm.absolute()
     if not dry_run and shutil.which("sbatch") is None:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from minimodel import atomic
 from minimodel.errors import UserError
 from minimodel.log import get_logger, process_rank
 
@@ -76,9 +77,8 @@ def exclusive(directory: Path, what: str) -> Iterator[None]:
             log.warning(f"{directory}: taking over the lock of a process that ended without releasing it "
                         f"({holder_text(previous)})")
         me = {"host": socket.gethostname(), "pid": os.getpid(), "command": " ".join(sys.argv), "since": time.time()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(me).encode(), 0)
         try:
+            atomic.rewrite_fd(fd, json.dumps(me).encode(), path)  # a full disk: a WriteError naming the lock file
             yield
         finally:
             os.ftruncate(fd, 0)

@@ -7,12 +7,15 @@ seed, also in its label as ``-ps{seed}`` unless 1; rows written before it existe
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import IO
 
+from minimodel.errors import UserError
 from minimodel.log import get_logger
 
 log = get_logger(__name__)
@@ -49,8 +52,9 @@ class ResultsTable:
         if not self.path.exists():
             return []
         out, cut, bad = [], False, 0
+        first: dict[tuple, tuple[int, dict]] = {}  # row id -> (line number, row): duplicates must agree
         with open(self.path, encoding="utf-8", errors="replace") as f:
-            for line in f:
+            for number, line in enumerate(f, start=1):
                 if not line.endswith("\n"):
                     cut = True  # a partial last line: the next append cuts it (see _repair)
                     break
@@ -60,10 +64,20 @@ class ResultsTable:
                     row = json.loads(line)
                 except json.JSONDecodeError:
                     row = None
-                if is_row(row):
-                    out.append(row)
-                else:
+                if not is_row(row):
                     bad += 1
+                    continue
+                rid = row_id(row)
+                if rid in first:
+                    if first[rid][1] != row:
+                        raise UserError(
+                            f"{self.path}: lines {first[rid][0]} and {number} are results of the same evaluation "
+                            f"({', '.join(f'{k}={v}' for k, v in zip((*KEY, 'split', 'metric'), rid))}) with "
+                            f"different contents (value {first[rid][1]['value']} and {row['value']}): remove the "
+                            f"wrong one, or both and rerun `minimodel evaluate`")
+                    continue  # an identical duplicate: one row
+                first[rid] = (number, row)
+                out.append(row)
         seen = (str(self.path.resolve()), self.path.stat().st_size, bad)
         if bad and seen not in _WARNED:  # (once per process and file: the report reads the results twice)
             _WARNED.add(seen)
@@ -85,6 +99,58 @@ class ResultsTable:
             if not data.endswith(b"\n"):
                 f.truncate(data.rfind(b"\n") + 1)
 
+    def remove(self, rows: Iterable[dict]) -> int:
+        """Remove these rows (equal in every field) from the file, rewriting it whole (atomically) under the
+        append lock; returns how many lines went."""
+        gone = [json.dumps(r, sort_keys=True) for r in rows]
+        if not gone or not self.path.exists():
+            return 0
+        with self._locked() as f:
+            self._repair()
+            f.seek(0)
+            kept, removed = [], 0
+            for line in f.read().splitlines(keepends=True):
+                try:
+                    same = json.dumps(json.loads(line), sort_keys=True) in gone
+                except ValueError:
+                    same = False
+                if same:
+                    removed += 1
+                else:
+                    kept.append(line)
+            if removed:
+                tmp = self.path.with_name(f".{self.path.name}.tmp")
+                try:
+                    with open(tmp, "w", encoding="utf-8") as out:
+                        out.writelines(kept)
+                        out.flush()
+                        os.fsync(out.fileno())
+                    os.replace(tmp, self.path)  # a waiting appender sees the new file (_locked)
+                finally:
+                    tmp.unlink(missing_ok=True)
+                self._held, self._offset = set(), 0
+        return removed
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[IO[str]]:
+        """The results file, open for appending under its exclusive lock. A process that waited for the lock
+        while ``remove`` replaced the file locks the new one instead (its lock was on the old one)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            f = open(self.path, "a+", encoding="utf-8")
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            if self.path.exists() and os.fstat(f.fileno()).st_ino == os.stat(self.path).st_ino:
+                break
+            f.close()
+        try:
+            inode = os.fstat(f.fileno()).st_ino
+            if getattr(self, "_inode", None) != inode:  # a file replaced since the last read: read it again
+                self._held, self._offset, self._inode = set(), 0, inode
+            yield f
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            f.close()
+
     def append(self, rows: Iterable[dict]) -> list[dict]:
         """Append the rows (all of one evaluation together) that the file does not hold yet, and make them durable.
         Several processes may append to one file (one evaluation per language, one per GPU): each append holds the
@@ -93,23 +159,18 @@ class ResultsTable:
         rows = list(rows)
         if not rows:
             return []
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a+", encoding="utf-8") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            try:
-                self._repair()
-                held = self._held_ids()
-                new = [r for r in rows if row_id(r) not in held]
-                text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in new)
-                if text:
-                    f.seek(0, os.SEEK_END)
-                    f.write(text)
-                    f.flush()
-                    os.fsync(f.fileno())
-                    held.update(row_id(r) for r in new)
-                    self._offset = f.tell()
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        with self._locked() as f:
+            self._repair()
+            held = self._held_ids()
+            new = [r for r in rows if row_id(r) not in held]
+            text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in new)
+            if text:
+                f.seek(0, os.SEEK_END)
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+                held.update(row_id(r) for r in new)
+                self._offset = f.tell()
         return new
 
     def _held_ids(self) -> set[tuple]:

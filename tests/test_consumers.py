@@ -15,7 +15,8 @@ from minimodel import signals
 from minimodel.cli import main
 from minimodel.config import load_config
 from minimodel.errors import UserError
-from minimodel.layout import stamp, write_done
+from minimodel.layout import write_done
+from minimodel.provenance import stamp
 from tests.conftest import ROOT, stage_overrides, tiny_overrides
 
 pytestmark = pytest.mark.slow
@@ -43,15 +44,15 @@ def test_consumers_record_the_run_they_were_built_on(copied_chain):
 def test_nothing_built_on_an_earlier_pretraining_is_used(copied_chain, capsys):
     system, experiment, overrides = copied_chain
     results = (system / "results.jsonl").read_text()
-    # the pretraining finishes again (its done.json rewritten, as a rerun after deleting it would)
+    # the pretraining is redone (another identity: other weights), finishing at another time
     done = json.loads((system / "pretrain" / "done.json").read_text())
-    write_done(system / "pretrain", {**done, "finished_at": "2030-01-01T00:00:00+00:00"})
+    write_done(system / "pretrain", {**done, "finished_at": "2030-01-01T00:00:00+00:00", "identity": "0" * 16})
 
     from minimodel.stages.adapt import run_adapt
     from minimodel.stages.evaluate import run_evaluate
 
     with pytest.raises(UserError, match=r"adapt/de was built on the body run .*pretrain as it finished at update 8 "
-                                        r"\(.*\), but that run finished again since \(update 8, 2030-01-01.*delete"):
+                                        r"\(.*\), but that run was redone since \(update 8, 2030-01-01.*delete"):
         run_adapt(load_config(experiment, [*overrides, "lang=de"]), progress_bar=False)
     with pytest.raises(UserError, match=r"finetune/lohelp/seed1 was built on the pretrain run"):
         run_evaluate(load_config(experiment, overrides), progress=False)

@@ -397,7 +397,7 @@ def test_a_finished_step_built_on_an_earlier_run_is_not_left_out(fake_slurm: Pat
                                                                  capsys: pytest.CaptureFixture):
     """adapt-de finished on the pretraining as it was; the pretraining finished again since: adapt-de is submitted
     (its job then stops, naming both runs) rather than left out as finished."""
-    from minimodel.layout import stamp
+    from minimodel.provenance import stamp
 
     overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
     steps = configured_runs(overrides, ("pretrain", "adapt-de"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import signal
 import subprocess
@@ -138,7 +140,7 @@ def test_slurm_signal_checkpoints_and_exits_for_requeue(tmp_path, prepared, corp
     assert p.returncode == 4 and f"resuming from {run_dir / 'checkpoints' / 'last.ckpt'} (update {step})" in out, out
 
 
-def test_a_truncated_checkpoint_is_reported_and_the_previous_one_kept(tmp_path, prepared, corpus_dir):
+def test_a_truncated_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, prepared, corpus_dir):
     exp = str(ROOT / "experiments" / "tiny.yaml")
     args = overrides(tmp_path, prepared, corpus_dir, "pretrain.optim.updates=8")
     run_to_end("pretrain", exp, *args)
@@ -147,13 +149,26 @@ def test_a_truncated_checkpoint_is_reported_and_the_previous_one_kept(tmp_path, 
     data = (ckpts / "last.ckpt").read_bytes()
     (ckpts / "last.ckpt").unlink()  # break the hard link before truncating
     (ckpts / "last.ckpt").write_bytes(data[: len(data) // 2])
+    done = json.loads((tmp_path / "tiny" / "minijoint" / "pretrain" / "done.json").read_text())
+    (tmp_path / "tiny" / "minijoint" / "pretrain" / "done.json").unlink()
+    (ckpts / "step0000008.ckpt").write_bytes(b"not a checkpoint")  # the newest step file is broken too
+    p = cli("pretrain", exp, *args)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out
+    assert f"checkpoint {ckpts / 'last.ckpt'} is truncated or corrupt" in out
+    assert f"resuming from the newest intact checkpoint, {ckpts / 'step0000004.ckpt'} (update 4)" in out
+    assert (ckpts / "step0000004.ckpt").read_bytes() == good
+    again = json.loads((tmp_path / "tiny" / "minijoint" / "pretrain" / "done.json").read_text())
+    assert again["identity"] == done["identity"]  # the same 4 updates again: bit-exact, the same run
+    with open(tmp_path / "tiny" / "minijoint" / "pretrain" / "metrics.csv") as f:  # each update logged once
+        trained = [row["step"] for row in csv.DictReader(f) if row.get("train/loss_total")]
+    assert len(trained) == len(set(trained)) > 0, trained
+    for name in ("last.ckpt", "step0000004.ckpt", "step0000008.ckpt"):  # nothing left that can resume: say so
+        (ckpts / name).write_bytes(b"broken")
     (tmp_path / "tiny" / "minijoint" / "pretrain" / "done.json").unlink()
     p = cli("pretrain", exp, *args)
     out, _ = p.communicate(timeout=120)
-    assert p.returncode == 2
-    assert f"error: checkpoint {ckpts / 'last.ckpt'} is truncated or corrupt" in out
-    assert "delete it to fall back to an earlier one" in out
-    assert (ckpts / "step0000004.ckpt").read_bytes() == good
+    assert p.returncode == 2 and "no checkpoint of" in out and "Delete" in out, out
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         load_checkpoint(ckpts / "last.ckpt")
 

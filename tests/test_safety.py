@@ -20,6 +20,7 @@ from minimodel.checkpoints import (
     load_trained_model,
 )
 from minimodel.cli import main
+from minimodel.errors import WriteError
 from minimodel.systems import runs
 from tests.conftest import ROOT, stage_overrides, tiny_config, tiny_overrides
 
@@ -106,8 +107,8 @@ def test_a_really_full_disk_while_checkpointing(small_disk):
     target = small_disk / "last.ckpt"
     atomic_torch_save({"w": torch.zeros(1000)}, target)
     before = target.read_bytes()
-    with pytest.raises(CheckpointError, match=rf"disk full while writing {target}: 8,000,000 bytes needed, "
-                                              rf"[\d,]+ free on {small_disk}"):
+    with pytest.raises(WriteError, match=rf"writing {target}: no space left on device \(8,000,000 bytes needed, "
+                                         rf"[\d,]+ free on {small_disk}\); free some space"):
         atomic_torch_save({"w": torch.zeros(2_000_000)}, target)  # 8 MB on a 1 MiB disk
     assert sorted(p.name for p in small_disk.iterdir()) == ["last.ckpt"]  # no hidden temporary file left
     assert target.read_bytes() == before

@@ -16,6 +16,7 @@ block ``perm_e[g mod n]`` of data epoch ``e = g // n`` and masks it with a gener
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from itertools import count
 from pathlib import Path
@@ -127,6 +128,12 @@ class ResumableSampler(Sampler[int]):
             yield from range(base, base + self.micro)
 
 
+def leave_sigint_to_main(worker_id: int) -> None:
+    """A data worker ignores Ctrl-C: a terminal sends it to the whole process group, and the main process stops
+    after the current update with a checkpoint, which a worker that died of it would turn into a crash."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class MLMDataModule(L.LightningDataModule):
     """Train/validation MLM blocks over one prepared corpus; DDP-aware and resumable."""
 
@@ -178,7 +185,7 @@ class MLMDataModule(L.LightningDataModule):
     def _loader(self, dataset: Dataset, sampler: Sampler | list[int]) -> DataLoader:
         # a private generator: creating an iterator must not draw from the global RNG (exact resume)
         return DataLoader(dataset, batch_size=self.micro_batch, sampler=sampler, num_workers=self.num_workers,
-                          pin_memory=pin_memory(), persistent_workers=False,
+                          pin_memory=pin_memory(), persistent_workers=False, worker_init_fn=leave_sigint_to_main,
                           generator=torch.Generator().manual_seed(self.seed),
                           prefetch_factor=4 if self.num_workers else None)
 

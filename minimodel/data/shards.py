@@ -13,7 +13,6 @@ from there.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from minimodel import atomic
 from minimodel.data.corpus import iter_documents
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import UserError
@@ -78,21 +78,8 @@ def encode_documents(docs: list[list[str]], tok: AnyTokenizer, threads: int) -> 
     return np.asarray(out, dtype=token_dtype(tok.vocab_size))
 
 
-def _atomic_write_bytes(path: Path, writer) -> None:  # type: ignore[no-untyped-def]
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            writer(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _write_manifest(out_dir: Path, manifest: dict) -> None:
-    _atomic_write_bytes(out_dir / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    atomic.write_json(out_dir / MANIFEST, manifest)
 
 
 def read_manifest(out_dir: Path) -> dict | None:
@@ -154,7 +141,7 @@ def encode_corpus(
                 continue
             arr = encode_documents(docs, tok, threads)
             name = f"shard_{index:05d}.npy"
-            _atomic_write_bytes(out_dir / name, lambda f, a=arr: np.save(f, a))
+            atomic.write_with(out_dir / name, lambda f, a=arr: np.save(f, a), needed=arr.nbytes + 128)
             done[index] = {"index": index, "file": name, "tokens": int(len(arr)), "documents": len(docs)}
             manifest["shards"] = [done[i] for i in sorted(done)]
             _write_manifest(out_dir, manifest)

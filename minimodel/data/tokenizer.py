@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import sentencepiece as spm
 
+from minimodel import atomic
 from minimodel.data.corpus import CorpusError, iter_lines
 from minimodel.errors import UserError
 from minimodel.log import get_logger
@@ -348,8 +349,5 @@ def train_tokenizer(
         )
     except RuntimeError as e:
         raise _training_error(corpus, vocab_size, str(e)) from e
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_suffix(".tmp")
-    tmp.write_bytes(model.getvalue())
-    os.replace(tmp, out_path)
+    atomic.write_bytes(out_path, model.getvalue())
     return Tokenizer(out_path)

@@ -30,10 +30,10 @@ from minimodel.layout import (
     adaptation_checkpoints,
     is_done,
     last_checkpoint,
-    producers,
 )
 from minimodel.log import get_logger, process_rank
 from minimodel.model import RobertaMLM
+from minimodel.provenance import producers
 from minimodel.surgery import (
     adaptation_state,
     adaptation_trainable,

@@ -13,9 +13,10 @@ from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.flops import bridge_flops
-from minimodel.layout import is_done, producers
+from minimodel.layout import is_done
 from minimodel.log import get_logger
 from minimodel.model import RobertaMLM
+from minimodel.provenance import producers
 from minimodel.surgery import bridge_trainable, build_minipost, primary_only, trainable_parameters
 from minimodel.systems import of, runs
 from minimodel.training.mlm import MLMModule

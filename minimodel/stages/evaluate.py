@@ -30,15 +30,20 @@ from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import TaskDataError
 from minimodel.layout import (
     adaptation_checkpoints,
-    check_inputs,
     checkpoint_step,
     finetuned_model,
-    is_done,
-    producers,
     read_done,
 )
 from minimodel.locks import exclusive
 from minimodel.log import get_logger
+from minimodel.provenance import (
+    check_inputs,
+    check_producer,
+    producers,
+    require_finished,
+    run_identity,
+    stale_rows,
+)
 from minimodel.results import KEY, ResultsTable
 from minimodel.surgery import PlugError, plug_embeddings
 from minimodel.systems import Runs, of, runs
@@ -56,11 +61,13 @@ def device_for(cfg: ExperimentConfig, local_rank: int = 0) -> torch.device:
 
 def english_rows(cfg: ExperimentConfig, task: str, seed: int, body: str) -> list[dict]:
     """Rows of the English scores a finished finetuning run recorded (Table 5)."""
-    info = read_done(runs(cfg).finetune(task, seed, body))
+    run = runs(cfg).finetune(task, seed, body)
+    info = read_done(run)
     if info is None:
         return []
     base = {"system": runs(cfg).label, "body": body, "task": task, "lang": cfg.source_lang, "seed": seed, "step": -1,
-            "flops": 0.0, "v100_days": 0.0, "pretrain_seed": cfg.pretrain.trainer.seed}
+            "flops": 0.0, "v100_days": 0.0, "pretrain_seed": cfg.pretrain.trainer.seed,
+            "finetune_id": run_identity(run)}
     return [{**base, "split": split, "metric": metric, "value": value}
             for split, scores in info["english"].items() for metric, value in scores.items()]
 
@@ -184,28 +191,61 @@ def evaluation_plan(cfg: ExperimentConfig, r: Runs, tasks: list[str], seeds: lis
         if cfg.evaluate.split == "dev":
             check_dev_sets(data, langs)
         for seed in seeds:
-            check_inputs(r.finetune(task, seed), producers(pretrain=r.pretrain))  # nothing built on an older model
+            ft = r.finetune(task, seed)
+            require_finished(ft, f"the finetuning of {task} seed {seed}", f"minimodel finetune ... task={task} seed={seed}")
+            check_inputs(ft, producers(pretrain=r.pretrain))  # nothing built on an older model
+            check_producer(cfg, ft, "evaluation")  # task featurisation and finetuning settings as configured
             for lang in langs:
+                require_finished(r.adapt(lang), f"the adaptation of {lang}", f"minimodel adapt ... lang={lang}")
                 check_inputs(r.adapt(lang), producers(body=r.body))
+                check_producer(cfg, r.adapt(lang), "evaluation")
                 ckpts = adaptation_checkpoints(r.adapt(lang))
                 if not ckpts:
                     raise CheckpointError(f"no adaptation checkpoints for {lang} in {r.adapt(lang)} "
                                           f"(run `minimodel adapt ... lang={lang}`)")
                 plan += [(task, seed, lang, c) for c in ckpts]
-                if is_done(r.adapt(lang)):
-                    finals.add(ckpts[-1])
+                finals.add(ckpts[-1])
     return plan, finals
+
+
+def remove_stale(cfg: ExperimentConfig, r: Runs, table: ResultsTable, tasks: list[str], seeds: list[int],
+                 langs: set[str]) -> None:
+    """Rows of the selection whose adaptation or finetuning run was redone since they were written (other
+    identities, ``provenance``) are removed, with their predictions files: the evaluation then computes them
+    again from the runs as they are now."""
+    bodies = ("primary", "mini") if of(cfg).mini_finetune else ("primary",)
+    finetuned = {(t, s, b): run_identity(r.finetune(t, s, b)) for t in tasks for s in seeds for b in bodies}
+    adapted = {lang: run_identity(r.adapt(lang)) for lang in langs}
+    current: dict[tuple, dict[str, str | None]] = {}
+    for (task, seed, body), ft in finetuned.items():
+        current[(task, seed, body, cfg.source_lang)] = {"finetune_id": ft}
+        for lang, ad in adapted.items():
+            if body == "primary":
+                current[(task, seed, body, lang)] = {"finetune_id": ft, "adapt_id": ad}
+    stale = stale_rows((row for row in table.rows() if row["split"] == cfg.evaluate.split), current,
+                       lambda row: (row["task"], row["seed"], row["body"], row["lang"]))
+    if not stale:
+        return
+    table.remove(stale)
+    for row in stale:
+        if row["step"] >= 0:
+            r.layout.predictions(r.label, row["task"], row["lang"], row["seed"], row["step"],
+                                 row["split"]).unlink(missing_ok=True)
+    which = sorted({f"{row['task']} seed {row['seed']} {row['lang']}" for row in stale})
+    log.warning(f"evaluate {r.label}: {len(stale)} rows of {table.path} came from runs redone since ({', '.join(which[:6])}"
+                f"{', ...' if len(which) > 6 else ''}): removed, with their predictions, and evaluated again")
 
 
 def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogger, stop: _StopOnSignal) -> Evaluation:
     table = ResultsTable(r.results)
-    done = {tuple(row[k] for k in KEY) for row in table.rows() if row["split"] == cfg.evaluate.split}
     tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
     seeds = [cfg.seed] if cfg.seed else list(cfg.finetune.seeds)
     rank, world, local = shard()
     device = device_for(cfg, local)
     cache: dict[tuple[str, tuple[str, ...], str], tuple[AnyTokenizer, list, list]] = {}
     plan, finals = evaluation_plan(cfg, r, tasks, seeds)
+    remove_stale(cfg, r, table, tasks, seeds, {lang for _, _, lang, _ in plan})
+    done = {tuple(row[k] for k in KEY) for row in table.rows() if row["split"] == cfg.evaluate.split}
     keep = cfg.evaluate.save_predictions
     bodies = ("primary", "mini") if of(cfg).mini_finetune else ("primary",)
     english = [row for task in tasks for seed in seeds for body in bodies
@@ -234,9 +274,13 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
             break
         if loaded != (task, seed):
             model_path = finetuned_model(r.finetune(task, seed))
-            if not model_path.exists():
-                raise CheckpointError(f"{model_path} not found: run `minimodel finetune ... task={task} seed={seed}`")
-            body, head, finetuned = load_finetuned(model_path)
+            try:
+                body, head, finetuned = load_finetuned(model_path)
+            except CheckpointError as e:  # the finished run's last checkpoint rebuilds it, with the same identity
+                raise CheckpointError(
+                    f"{e}. To rebuild {model_path.name} from the finished run's last checkpoint: delete "
+                    f"{model_path.parent / 'done.json'} and rerun `minimodel finetune ... task={task} seed={seed}` "
+                    f"(it trains nothing and keeps the run's identity, so nothing built on it is redone)") from e
             data = task_of(cfg, task, finetuned, model_path)
             body.to(device), head.to(device)
             loaded = (task, seed)
@@ -257,7 +301,8 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
                              prediction_rows(data, records, features, predictions))
         base = {"system": r.label, "body": "primary", "task": task, "lang": lang, "seed": seed,
                 "step": int(adapted.step), "flops": float(adapted.flops), "v100_days": float(adapted.v100_days),
-                "split": cfg.evaluate.split, "pretrain_seed": cfg.pretrain.trainer.seed}
+                "split": cfg.evaluate.split, "pretrain_seed": cfg.pretrain.trainer.seed,
+                "finetune_id": run_identity(r.finetune(task, seed)), "adapt_id": run_identity(r.adapt(lang))}
         rows = [{**base, "metric": m, "value": v} for m, v in scores.items()]
         wandb.log(table.append(rows))
         written += 1

@@ -31,9 +31,10 @@ from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.tasks import TaskData, pad_collate
 from minimodel.data.tokenizer import PAD
 from minimodel.errors import TaskDataError
-from minimodel.layout import finetuned_model, is_done, producers, read_done
+from minimodel.layout import finetuned_model, is_done, read_done
 from minimodel.log import get_logger
 from minimodel.model import RobertaMLM
+from minimodel.provenance import producers
 from minimodel.surgery import extract_mini, freeze_all_but, primary_only
 from minimodel.systems import adapt_depth, external_primary, mini_head, runs
 from minimodel.training.optim import UpdateGuard, lightning_optim

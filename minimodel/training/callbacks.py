@@ -3,6 +3,7 @@ accounting, and a progress bar that stays readable in log files."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -15,10 +16,12 @@ from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from minimodel import signals
-from minimodel.checkpoints import link_or_copy, rng_state, set_rng_state
+from minimodel.atomic import link_or_copy
+from minimodel.checkpoints import rng_state, set_rng_state
+from minimodel.errors import REQUEUE_EXIT
 from minimodel.flops import FlopSchedule, v100_days
 from minimodel.layout import LAST
-from minimodel.log import get_logger
+from minimodel.log import PREFIX, get_logger
 
 log = get_logger(__name__)
 
@@ -27,7 +30,10 @@ class ScheduledCheckpoints(Callback):
     """``step{N:07d}.ckpt`` every ``every`` updates and at ``extra`` updates, ``last.ckpt`` beside each, and a
     final one when training ends. Also stops cleanly (checkpoint first) on SIGTERM/SIGUSR1, a wall-time cap
     or ``stop_at``; ``stop_requested`` then says why. ``export(step)``, when given, runs on rank 0 at every
-    save and at the start of a fresh run (adaptation writes its small embedding checkpoints there)."""
+    save and at the start of a fresh run (adaptation writes its small embedding checkpoints there).
+
+    Ctrl-C (SIGINT) is a stop request like SIGTERM (exit 3 after the checkpoint); a second Ctrl-C stops at once
+    (KeyboardInterrupt: the command exits 130, the last checkpoint written stays)."""
 
     def __init__(self, dirpath: Path, every: int, extra: Iterable[int] = (), max_minutes: float = 0.0,
                  stop_at: int = 0, keep_steps: bool = True, export: Callable[[int], Any] | None = None) -> None:
@@ -53,22 +59,45 @@ class ScheduledCheckpoints(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After Lightning registered its own handlers (which would raise SIGTERMException mid-epoch and
         # requeue from a hpc checkpoint): ours let the current update finish, checkpoint, then stop.
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             try:
                 self._old_handlers[sig] = signal.signal(sig, self._request_stop)
             except ValueError:  # not in the main thread
                 pass
+        # global_step is restored by now (not yet at on_fit_start): a resumed run's first micro-batch is inside the
+        # update after its checkpoint, not a boundary that would save that checkpoint again mid-accumulation
+        self.last_step = trainer.global_step
+        if trainer.ckpt_path is not None:
+            self.last_saved = trainer.global_step
+            if self.stop_at and trainer.global_step >= self.stop_at:  # resumed at or past stop_at: no update more
+                self.stop_requested, trainer.should_stop = f"stop_at={self.stop_at}", True
         early = signals.take()  # a signal while the stage was getting ready: stop after the first update
         if early is not None:
             self.stop_requested, self.signalled = f"{early} (received before training started)", True
 
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _restore_handlers(self, keep_sigint_ignored: bool = False) -> None:
         for sig, handler in self._old_handlers.items():
-            signal.signal(sig, handler)
+            if not (keep_sigint_ignored and sig == signal.SIGINT):
+                signal.signal(sig, handler)
+        self._old_handlers = {}
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_handlers()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        interrupted = isinstance(exception, KeyboardInterrupt)
+        if interrupted:  # Lightning ignores further Ctrl-C while it shuts down, then calls sys.exit(1)
+            signals.note_interrupt()
+        self._restore_handlers(keep_sigint_ignored=interrupted)
 
     def _request_stop(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.signalled:  # a second Ctrl-C: stop at once (the last checkpoint stays)
+            raise KeyboardInterrupt
         self.stop_requested = signal.Signals(signum).name
         self.signalled = True
+        if signum == signal.SIGINT:  # os.write: no logging lock inside a signal handler
+            os.write(2, f"{PREFIX} Ctrl-C: stopping after this update, with a checkpoint (exit {REQUEUE_EXIT}; "
+                        f"rerun to resume); Ctrl-C again stops at once\n".encode())
 
     def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step

@@ -8,15 +8,16 @@ from typing import Any
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from minimodel.checkpoints import atomic_torch_save, load_checkpoint
+from minimodel import atomic
+from minimodel.checkpoints import load_checkpoint
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes through ``atomic_torch_save`` (a crash or a full disk leaves the previous checkpoint untouched)
+    """Writes through ``atomic.save_torch`` (a crash, a full disk or Ctrl-C leaves the previous checkpoint untouched)
     and reads through ``load_checkpoint`` (a truncated file is a clear error naming it)."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
-        atomic_torch_save(checkpoint, Path(path))
+        atomic.save_torch(checkpoint, Path(path))
 
     def load_checkpoint(self, path: _PATH, map_location: Any = None, weights_only: bool | None = None) -> dict:
         return load_checkpoint(Path(path))

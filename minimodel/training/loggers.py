@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter as _CSVWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
+from minimodel import atomic
 from minimodel.config import ExperimentConfig
 from minimodel.layout import METRICS
 from minimodel.wandb_results import wandb_mode
@@ -26,13 +28,42 @@ def wandb_run_id(run_dir: Path) -> str:
     return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
 
 
+def _csv(fields: list[str], rows: list[dict], header: bool) -> str:
+    out = io.StringIO(newline="")
+    writer = csv.DictWriter(out, fieldnames=fields)
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
 class _AppendingWriter(_CSVWriter):
-    """Lightning's CSV writer deletes an existing metrics.csv; this one keeps it and appends."""
+    """Lightning's CSV writer deletes an existing metrics.csv; this one keeps it and appends. Every write goes
+    through ``atomic``: rows are appended whole or not at all, a new column rewrites the file whole."""
 
     def _check_log_dir_exists(self) -> None:
         if os.path.isfile(self.metrics_file_path):
             with open(self.metrics_file_path, newline="") as f:
                 self.metrics_keys = sorted(csv.DictReader(f).fieldnames or [])
+
+    def save(self) -> None:
+        if not self.metrics:
+            return
+        path = Path(self.metrics_file_path)
+        self._record_new_keys()
+        old: list[dict] = []
+        header: list[str] | None = None
+        if path.is_file():
+            with open(path, newline="") as f:
+                reader = csv.DictReader(f)
+                header = list(reader.fieldnames or [])
+                old = [] if header == self.metrics_keys else list(reader)
+        if header == self.metrics_keys:  # the usual case: the new rows go at the end
+            atomic.append_text(path, _csv(self.metrics_keys, self.metrics, header=False))
+        else:  # a new file, or a new column (judged from the file: a failed write is retried right): all again
+            self.metrics_keys = sorted({*self.metrics_keys, *(header or [])})
+            atomic.write_text(path, _csv(self.metrics_keys, [*old, *self.metrics], header=True))
+        self.metrics = []
 
 
 class MetricsCSV(CSVLogger):
@@ -70,12 +101,7 @@ def _keep_rows(run_dir: Path, keep: Callable[[dict], bool]) -> None:
     kept = [r for r in rows if keep(r)]
     if len(kept) == len(rows):
         return
-    tmp = path.with_name(f".{METRICS}.tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(kept)
-    os.replace(tmp, path)
+    atomic.write_text(path, _csv(fields, kept, header=True))
 
 
 def drop_stop_rows(run_dir: Path, update: int, log_every: int, val_every: int) -> None:

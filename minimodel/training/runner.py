@@ -25,17 +25,23 @@ from minimodel.flops import FlopSchedule
 from minimodel.layout import (
     CONFIG,
     Layout,
-    check_inputs,
     checkpoints,
     is_done,
     last_checkpoint,
     read_done,
-    record_inputs,
-    recorded_inputs,
     write_done,
 )
 from minimodel.locks import exclusive
 from minimodel.log import get_logger, process_rank, quiet_lightning
+from minimodel.provenance import (
+    check_inputs,
+    check_producer,
+    identity,
+    record_inputs,
+    recorded_inputs,
+    settings_of,
+    weights_digest,
+)
 from minimodel.training.callbacks import ScheduledCheckpoints, StageBar, StageProgress
 from minimodel.training.checkpoint_io import AtomicCheckpointIO
 from minimodel.training.device import check_precision, compile_layers
@@ -138,17 +144,50 @@ RESUME_KEYS = ("global_step", "state_dict", "loops", "optimizer_states", "callba
 
 
 def resume_point(run_dir: Path) -> tuple[Path, int] | None:
-    """``last.ckpt`` and its update count, or None for a fresh run. Fails clearly on a corrupt file."""
+    """The checkpoint to resume from and its update count, or None for a fresh run: ``last.ckpt``, or when it is
+    missing, truncated or not resumable, the newest intact ``step{N}.ckpt`` (said in the log). A run with
+    checkpoints none of which can resume fails naming them."""
     last = last_checkpoint(run_dir)
-    if not last.exists():
-        return None
-    ckpt = load_checkpoint(last)
-    missing = [k for k in RESUME_KEYS if k not in ckpt]
-    if missing:
-        raise CheckpointError(f"{last} cannot resume training: it lacks {', '.join(missing)} (a weights-only or "
-                              f"edited file?). Delete it (and its step file) to resume from an earlier checkpoint, "
-                              f"or delete {run_dir} to start the stage again")
-    return last, int(ckpt["global_step"])
+    steps = sorted(checkpoints(run_dir).glob("step*.ckpt"), key=lambda p: p.name, reverse=True)
+    candidates = ([last] if last.exists() else []) + steps
+    problems: list[str] = []
+    for path in candidates:
+        try:
+            ckpt = load_checkpoint(path)
+        except CheckpointError as e:
+            problems.append(str(e).split("; ")[0])
+            continue
+        missing = [k for k in RESUME_KEYS if k not in ckpt]
+        if missing:
+            problems.append(f"{path} cannot resume training: it lacks {', '.join(missing)} (a weights-only or "
+                            f"edited file?)")
+            continue
+        step = int(ckpt["global_step"])
+        if path != last:
+            why = "; ".join(problems) if problems else f"{last} is missing"
+            log.warning(f"{why}: resuming from the newest intact checkpoint, {path} (update {step})")
+        return path, step
+    if problems:
+        raise CheckpointError("; ".join(problems) + f": no checkpoint of {run_dir} can resume it. Delete {run_dir} "
+                              f"to start the stage again")
+    return None
+
+
+def clear_leftovers(run_dir: Path, step: int) -> None:
+    """Before a run starts (``step`` 0) or resumes from an earlier checkpoint than its newest files (``step``):
+    what an earlier attempt wrote after ``step`` (adaptation checkpoints, step checkpoints, metrics rows) would
+    otherwise join this run's curve. They are removed, said in the log; the run writes them again."""
+    from minimodel.layout import adaptation_checkpoints, checkpoint_step
+
+    stale = [p for p in adaptation_checkpoints(run_dir) if checkpoint_step(p) > step]
+    stale += [p for p in checkpoints(run_dir).glob("step*.ckpt") if checkpoint_step(p) > step]
+    for p in stale:
+        p.unlink()
+    if stale:
+        log.warning(f"{run_dir}: removed {len(stale)} file(s) an earlier attempt wrote after update {step} "
+                    f"({', '.join(p.name for p in stale[:4])}{', ...' if len(stale) > 4 else ''}): this run "
+                    f"writes them again")
+    truncate_metrics(run_dir, step)
 
 
 class Runner(Generic[T]):
@@ -176,9 +215,14 @@ class Runner(Generic[T]):
             check_inputs(run_dir, stage.inputs)  # built on a run that finished again since: a UserError naming both
             log.info(f"{run_dir} is complete; skipping")
             return StageResult(run_dir, Outcome.SKIPPED, done=done)
-        if last_checkpoint(run_dir).exists():  # resuming: only with the settings the run started with
+        resume = resume_point(run_dir)
+        if resume is not None or (run_dir / CONFIG).is_file():
+            # resuming, or starting again over an earlier attempt's files: only with the settings it ran with
             check_finished(self.cfg, stage.name, run_dir, finished=False)
+        if resume is not None:
             check_inputs(run_dir, stage.inputs)
+        for producer in stage.inputs.values():  # what it reads ran with the settings this configuration expects
+            check_producer(self.cfg, producer, f"stage {stage.name}")
         kind = stage.name.partition("/")[0]  # pretrain, bridge, adapt, finetune: the section of its settings
         planned = getattr(self.cfg, kind).trainer
         check_precision(planned.precision, planned.accelerator, f"{kind}.trainer.precision")  # before anything is written
@@ -187,8 +231,9 @@ class Runner(Generic[T]):
         if process_rank() == 0:  # the other ranks of a distributed run write nothing but their share of checkpoints
             run_dir.mkdir(parents=True, exist_ok=True)
             save_config(self.cfg, run_dir / CONFIG)
-            if not last_checkpoint(run_dir).exists():  # a fresh run: what it is built on, as it is now
+            if resume is None:  # a fresh run: what it is built on, as it is now
                 record_inputs(run_dir, stage.inputs)
+            clear_leftovers(run_dir, resume[1] if resume else 0)
         L.seed_everything(stage.seed, workers=True, verbose=False)
         training = self.build(inputs)
         t = training.trainer
@@ -203,10 +248,8 @@ class Runner(Generic[T]):
             callbacks.append(StageProgress(flops, training.tokens_per_update,
                                            log_every=t.log_every))
         trainer = make_trainer(self.cfg, stage, training, callbacks, progress_bar)
-        resume = resume_point(run_dir)
         if resume is not None and trainer.is_global_zero:
             log.info(f"resuming from {resume[0]} (update {resume[1]})")
-            truncate_metrics(run_dir, resume[1])
         elif resume is None:
             log.info(f"{stage.name}: {training.optim.updates:,} updates of {training.optim.global_batch} sequences "
                      f"-> {run_dir}")
@@ -223,6 +266,8 @@ class Runner(Generic[T]):
                     "flops": flops.at(step) if flops is not None else 0.0,
                     "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
                     "inputs": recorded_inputs(run_dir),
+                    "identity": identity(settings_of(self.cfg, stage.name), recorded_inputs(run_dir),
+                                         weights_digest(training.module.state_dict())),
                     "skipped_updates": getattr(getattr(training.module, "guard", None), "skipped", 0),
                     "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             if training.finish is not None:
