@@ -157,7 +157,7 @@ def check_inputs(run_dir: Path, producers: dict[str, Path]) -> None:
 def check_producer(cfg: Any, run_dir: Path, consumer: str) -> None:
     """The finished run ``run_dir`` ran with the settings this configuration expects of it (its stage's identity
     keys, from its ``config.yaml``); a ``ConfigError`` naming the keys otherwise. ``consumer`` says who reads it."""
-    from minimodel.config import ConfigError, stage_changes
+    from minimodel.config import _PATHS, ConfigError, stage_changes
 
     done = read_done(run_dir)
     path = run_dir / CONFIG
@@ -170,6 +170,9 @@ def check_producer(cfg: Any, run_dir: Path, consumer: str) -> None:
     if not isinstance(saved, dict):
         raise ConfigError(f"{path}: expected a mapping (the settings {run_dir} ran with)")
     changes = stage_changes(saved, OmegaConf.to_container(OmegaConf.structured(cfg)), done["stage"])  # type: ignore[arg-type]
+    # where data is read from may differ (a copied prepared dir, a moved source): what was read is checked by
+    # content where it is loaded (tokenizer sha256, train file sha256), not by its path
+    changes = [c for c in changes if not any(fnmatchcase(c[0], p) for p in _PATHS)]
     if changes:
         listed = "; ".join(f"{k}: {b!r} there, {a!r} here" for k, b, a in changes)
         raise ConfigError(f"{consumer} reads {run_dir}, which ran with other settings than this configuration "
