@@ -44,6 +44,7 @@ import subprocess
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from minimodel import atomic
 from minimodel.config import ConfigError, ExperimentConfig, find_conf_dir, load_config, load_structured
 from minimodel.errors import REQUEUE_EXIT, UserError
 from minimodel.layout import Layout
@@ -396,13 +397,13 @@ def submit(config: str, overrides: list[str], launcher: str = "local", dry_run: 
     if finished:
         print(f"left out (finished with these settings: done.json): {', '.join(s.name for s in steps if s.name in finished)}")
     steps = [s for s in steps if s.name not in finished]
-    slurm.mkdir(parents=True, exist_ok=True)
+    atomic.make_dirs(slurm)
     width = max(2, len(str(len(steps) - 1)))
     scripts: list[Path] = []
     for i, step in enumerate(steps):
         stem = f"{i:0{width}d}-{safe_name(step.name)}"
         path = slurm / f"{stem}.sbatch"
-        path.write_text(sbatch_script(step, lc, run_root, stem=stem))
+        atomic.write_text(path, sbatch_script(step, lc, run_root, stem=stem))
         scripts.append(path)
 
     if dry_run:

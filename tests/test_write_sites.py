@@ -61,6 +61,7 @@ SITES = (  # in an order in which each command, rerun after the fault at one, re
     Site("finetune", f"{RUN}/finetune/lohelp/seed1/model.pt", "the finetuned model"),
     Site("adapt", f"{RUN}/adapt/de/.lock", "a stage run's lock"),
     Site("adapt", f"{RUN}/adapt/de/config.yaml", "its settings"),
+    Site("adapt", f"{RUN}/adapt/de/adapt_info.json", "the adaptation's summary"),
     Site("adapt", f"{RUN}/adapt/de/embeddings/step0000000.pt", "the embeddings of update 0"),
     Site("adapt", f"{RUN}/adapt/de/embeddings/step0000002.pt", "an adaptation checkpoint"),
     Site("adapt", f"{RUN}/adapt/de/checkpoints/last.ckpt", "last.ckpt alone"),
@@ -74,7 +75,6 @@ SITES = (  # in an order in which each command, rerun after the fault at one, re
 PENDING = (  # written outside minimodel.atomic until their modules switch to it (then: move them to SITES, per stage)
     Site("pretrain", f"{RUN}/*/inputs.json", "what a stage run was built on (layout.record_inputs), every stage"),
     Site("pretrain", f"{RUN}/*/done.json", "a finished stage run (layout.write_done), every stage"),
-    Site("adapt", f"{RUN}/adapt/de/adapt_info.json", "the adaptation's summary (stages/adapt.py)"),
     Site("evaluate", f"{RUN}/results.jsonl", "result rows (results.ResultsTable.append)"),
     Site("evaluate", f"{RUN}/predictions/*/*/*.jsonl", "predictions (stages/evaluate.save_predictions)"),
 )

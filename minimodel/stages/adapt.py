@@ -11,14 +11,14 @@ step 4 needs: embeddings, output bias, tokenizer reference, step and cumulative 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
-from minimodel.checkpoints import Adaptation, CheckpointError, TrainingMeta, atomic_torch_save, load_trained_model
+from minimodel import atomic
+from minimodel.checkpoints import Adaptation, CheckpointError, TrainingMeta, load_trained_model
 from minimodel.config import PRIMARY, ConfigError, ExperimentConfig
 from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_prepared_tokenizer, load_source_tokenizer
@@ -143,7 +143,7 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         if process_rank() == 0:
             info = {"lang": cfg.lang, "target_vocab": vocab, "overlapping_pieces": overlap,
                     "trainable_parameters": n_train, "body_layers": body.cfg.layers, "body": x.body_source}
-            (run_dir / ADAPT_INFO).write_text(json.dumps(info, indent=1))
+            atomic.write_json(run_dir / ADAPT_INFO, info)
         shape = " then ".join(f"{p.head} ({p.depth} layers, updates {p.start}-{p.end})" for p, _ in phases)
         log.info(f"adapt {cfg.system} to {cfg.lang}: {overlap:,} of {vocab:,} pieces overlap with {cfg.source_lang}; "
                  f"{shape if cfg.adapt.schedule else f'{body.cfg.layers}-layer body'}; {n_train:,} trainable parameters")
@@ -168,7 +168,7 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
                                  overlapping_pieces=overlap,
                                  phase=phase_at(phases, max(step - 1, 0))[0].head if cfg.adapt.schedule else "")
             path = adaptation_checkpoint(run_dir, step)
-            atomic_torch_save(payload.to_dict(), path)
+            atomic.save_torch(payload.to_dict(), path)
             return path
 
         def finish(_: object) -> dict:

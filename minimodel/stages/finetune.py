@@ -23,7 +23,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torchmetrics.classification import MulticlassAccuracy
 
-from minimodel.checkpoints import CheckpointError, Finetuned, TrainingMeta, atomic_torch_save, load_trained_model
+from minimodel import atomic
+from minimodel.checkpoints import CheckpointError, Finetuned, TrainingMeta, load_trained_model
 from minimodel.config import ConfigError, ExperimentConfig, OptimConfig, check_task_fits
 from minimodel.data.downstream import evaluate, task_head
 from minimodel.data.mlm import ResumableSampler
@@ -233,7 +234,7 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
             model = Finetuned(**meta, body_state={k: v.cpu() for k, v in body.state_dict().items()},
                               head_state={k: v.cpu() for k, v in head.state_dict().items()},
                               english=english, step=trainer.global_step)
-            atomic_torch_save(model.to_dict(), finetuned_model(run_dir))
+            atomic.save_torch(model.to_dict(), finetuned_model(run_dir))
             log.info(f"{task} seed {seed}: English dev {english['dev']}, test {english['test']}")
             return {"english": english, "train_sha256": meta["train_sha256"]}
 
