@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,9 +173,9 @@ def write_done(run_dir: Path, info: dict) -> None:
 
 
 def _write_json(path: Path, info: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(info, indent=1, default=str))
-    os.replace(tmp, path)
+    from minimodel import atomic
+
+    atomic.write_json(path, info, default=str)
 
 
 # ------------------------------------------------------------------------------------ prepared data

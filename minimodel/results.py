@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
+from minimodel import atomic
 from minimodel.errors import UserError
 from minimodel.log import get_logger
 
@@ -119,15 +120,7 @@ class ResultsTable:
                 else:
                     kept.append(line)
             if removed:
-                tmp = self.path.with_name(f".{self.path.name}.tmp")
-                try:
-                    with open(tmp, "w", encoding="utf-8") as out:
-                        out.writelines(kept)
-                        out.flush()
-                        os.fsync(out.fileno())
-                    os.replace(tmp, self.path)  # a waiting appender sees the new file (_locked)
-                finally:
-                    tmp.unlink(missing_ok=True)
+                atomic.write_text(self.path, "".join(kept))  # a new file: a waiting appender sees it (_locked)
                 self._held, self._offset = set(), 0
         return removed
 
@@ -135,7 +128,7 @@ class ResultsTable:
     def _locked(self) -> Iterator[IO[str]]:
         """The results file, open for appending under its exclusive lock. A process that waited for the lock
         while ``remove`` replaced the file locks the new one instead (its lock was on the old one)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.make_dirs(self.path.parent)
         while True:
             f = open(self.path, "a+", encoding="utf-8")
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
@@ -165,12 +158,9 @@ class ResultsTable:
             new = [r for r in rows if row_id(r) not in held]
             text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in new)
             if text:
-                f.seek(0, os.SEEK_END)
-                f.write(text)
                 f.flush()
-                os.fsync(f.fileno())
+                self._offset = atomic.append_fd(f.fileno(), text.encode("utf-8"), self.path)  # whole rows or none
                 held.update(row_id(r) for r in new)
-                self._offset = f.tell()
         return new
 
     def _held_ids(self) -> set[tuple]:

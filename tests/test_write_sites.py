@@ -50,34 +50,37 @@ SITES = (  # in an order in which each command, rerun after the fault at one, re
     Site("prepare", "prepared/en/shards/manifest.json", "the shards' manifest"),
     Site("pretrain", f"{RUN}/pretrain/.lock", "a stage run's lock"),
     Site("pretrain", f"{RUN}/pretrain/config.yaml", "the settings a stage runs with (config.save_config)"),
+    Site("pretrain", f"{RUN}/pretrain/inputs.json", "what a stage run was built on (provenance.record_inputs)"),
     Site("pretrain", f"{RUN}/pretrain/checkpoints/step0000002.ckpt", "a training checkpoint (Lightning's I/O)"),
     Site("pretrain", f"{RUN}/pretrain/checkpoints/last.ckpt", "last.ckpt, a hard link to the step's"),
     Site("pretrain", f"{RUN}/pretrain/checkpoints/step0000004.ckpt", "the last checkpoint"),
     Site("pretrain", f"{RUN}/pretrain/metrics.csv", "metrics rows (the rerun resumes from update 2)"),
+    Site("pretrain", f"{RUN}/pretrain/done.json", "a finished stage run (layout.write_done)"),
     Site("finetune", f"{RUN}/finetune/lohelp/seed1/.lock", "a stage run's lock"),
     Site("finetune", f"{RUN}/finetune/lohelp/seed1/config.yaml", "its settings"),
+    Site("finetune", f"{RUN}/finetune/lohelp/seed1/inputs.json", "what it was built on"),
     Site("finetune", f"{RUN}/finetune/lohelp/seed1/metrics.csv", "metrics rows (a new file)"),
     Site("finetune", f"{RUN}/finetune/lohelp/seed1/checkpoints/last.ckpt", "last.ckpt alone (keep_steps off)"),
     Site("finetune", f"{RUN}/finetune/lohelp/seed1/model.pt", "the finetuned model"),
+    Site("finetune", f"{RUN}/finetune/lohelp/seed1/done.json", "a finished stage run"),
     Site("adapt", f"{RUN}/adapt/de/.lock", "a stage run's lock"),
     Site("adapt", f"{RUN}/adapt/de/config.yaml", "its settings"),
+    Site("adapt", f"{RUN}/adapt/de/inputs.json", "what it was built on"),
     Site("adapt", f"{RUN}/adapt/de/adapt_info.json", "the adaptation's summary"),
     Site("adapt", f"{RUN}/adapt/de/embeddings/step0000000.pt", "the embeddings of update 0"),
     Site("adapt", f"{RUN}/adapt/de/embeddings/step0000002.pt", "an adaptation checkpoint"),
     Site("adapt", f"{RUN}/adapt/de/checkpoints/last.ckpt", "last.ckpt alone"),
     Site("adapt", f"{RUN}/adapt/de/embeddings/step0000004.pt", "the last adaptation checkpoint"),
     Site("adapt", f"{RUN}/adapt/de/metrics.csv", "metrics rows (the rerun resumes from update 2)"),
+    Site("adapt", f"{RUN}/adapt/de/done.json", "a finished stage run"),
     Site("evaluate", f"{RUN}/.evaluate-all/.lock", "the evaluation lock"),
+    Site("evaluate", f"{RUN}/results.jsonl", "result rows (results.ResultsTable.append)"),
+    Site("evaluate", f"{RUN}/predictions/lohelp/de/seed1-step0000004.jsonl", "predictions (evaluate.save_predictions)"),
     Site("report", "runs/chain/plots/lohelp.png", "a plot"),
     Site("report", "runs/chain/report.md", "the report"),
 )
 
-PENDING = (  # written outside minimodel.atomic until their modules switch to it (then: move them to SITES, per stage)
-    Site("pretrain", f"{RUN}/*/inputs.json", "what a stage run was built on (layout.record_inputs), every stage"),
-    Site("pretrain", f"{RUN}/*/done.json", "a finished stage run (layout.write_done), every stage"),
-    Site("evaluate", f"{RUN}/results.jsonl", "result rows (results.ResultsTable.append)"),
-    Site("evaluate", f"{RUN}/predictions/*/*/*.jsonl", "predictions (stages/evaluate.save_predictions)"),
-)
+PENDING: tuple = ()  # written outside minimodel.atomic (none left; a new one goes here until it switches)
 
 
 def chain_config(root: Path, corpus: Path, task: Path) -> Path:

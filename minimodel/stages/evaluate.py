@@ -8,7 +8,6 @@ evaluation resumes without duplicates."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from minimodel import signals
+from minimodel import atomic, signals
 from minimodel.checkpoints import Adaptation, CheckpointError, Finetuned, load_adaptation, load_finetuned
 from minimodel.config import ConfigError, ExperimentConfig
 from minimodel.data.downstream import predict, prediction_rows, score
@@ -137,11 +136,8 @@ def shard() -> tuple[int, int, int]:
 
 def save_predictions(path: Path, rows: list[dict]) -> None:
     """One JSON object per example (id, gold, predicted, probabilities), written whole or not at all."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    os.replace(tmp, path)
+    atomic.make_dirs(path.parent)
+    atomic.write_jsonl(path, rows)
 
 
 def selection(cfg: ExperimentConfig) -> str:
