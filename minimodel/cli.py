@@ -39,7 +39,13 @@ def _stopped(results: Any) -> str:
 def cmd_prepare(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.data.prepare import prepare_language
 
+    from minimodel.config import PATH_COMPONENT_RULE, is_path_component
+
     langs = args.langs.split(",") if args.langs else [cfg.source_lang, *cfg.target_langs]
+    for lang in langs:
+        if not is_path_component(lang):
+            raise UserError(f"--langs={args.langs!r}: the language {lang!r} names a corpus file and a prepared "
+                            f"directory ({{data.prepared_dir}}/{{lang}}); {PATH_COMPONENT_RULE}")
     for lang in langs:
         prepare_language(cfg, lang, progress=not args.no_progress)
     return ""

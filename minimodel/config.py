@@ -499,7 +499,7 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     _validate_path_components(cfg, fail)
     _validate_logging(cfg, fail)
     _validate_evaluate(cfg, fail)
-    if cfg.models_from and (cfg.models_from == cfg.name or not _is_path_component(cfg.models_from)):
+    if cfg.models_from and (cfg.models_from == cfg.name or not is_path_component(cfg.models_from)):
         fail(f"models_from={cfg.models_from!r}: the name of another experiment (its runs are "
              f"{{runs_dir}}/{{models_from}}), not this one's ({cfg.name!r}); {PATH_COMPONENT_RULE}")
     if cfg.adapt.tag and not re.fullmatch(r"[A-Za-z0-9_-]+", cfg.adapt.tag):
@@ -595,7 +595,7 @@ PATH_COMPONENT_RULE = "use ASCII letters, digits, '.', '_' and '-' (not empty, n
 """What a config value that names a directory or file under ``runs_dir`` / ``data.prepared_dir`` may hold."""
 
 
-def _is_path_component(value: str) -> bool:
+def is_path_component(value: str) -> bool:
     return bool(_PATH_COMPONENT.fullmatch(value)) and value not in (".", "..")
 
 
@@ -605,7 +605,7 @@ def _validate_path_components(cfg: ExperimentConfig, fail: Any) -> None:
     def check(key: str, value: str, names: str, optional: bool = False) -> None:
         if optional and value == "":
             return
-        if not _is_path_component(value):
+        if not is_path_component(value):
             what = f"{key}: the task name {value!r}" if key == "tasks" else f"{key}={value!r}"
             fail(f"{what}: it names {names}; {PATH_COMPONENT_RULE}")
 

@@ -136,6 +136,16 @@ def test_a_name_outside_runs_dir_is_refused_before_anything_is_written(tmp_path,
     assert list(tmp_path.iterdir()) == []  # neither runs_dir nor anything beside it
 
 
+@pytest.mark.parametrize("langs", ["../x", "en,..", "en,"])
+def test_prepare_langs_outside_the_prepared_dir_are_refused(tmp_path, capsys, langs):
+    rc = main(["prepare", str(TINY_YAML), f"data.corpus_dir={tmp_path}", f"data.prepared_dir={tmp_path / 'p'}",
+               f"--langs={langs}", "--no-progress"])
+    err = err_of(capsys)
+    assert rc == 2 and "Traceback" not in err
+    assert f"--langs={langs!r}: the language" in err and "names a corpus file and a prepared directory" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---- 7. W&B project and entity, checked before a stage writes anything (issue 25, section 3) -------------------------
 
 @pytest.mark.parametrize(("override", "message"), [
