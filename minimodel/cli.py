@@ -37,9 +37,8 @@ def _stopped(results: Any) -> str:
 
 
 def cmd_prepare(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
-    from minimodel.data.prepare import prepare_language
-
     from minimodel.config import PATH_COMPONENT_RULE, is_path_component
+    from minimodel.data.prepare import prepare_language
 
     langs = args.langs.split(",") if args.langs else [cfg.source_lang, *cfg.target_langs]
     for lang in langs:
