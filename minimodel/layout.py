@@ -188,6 +188,12 @@ class Prepared:
     shards: Path
     hf: bool = False
 
+    @property
+    def done(self) -> Path:
+        """``done.json`` of this language's prepare step (beside its shards), written when the tokenizer and every
+        shard are there."""
+        return self.shards.parent / DONE
+
 
 def _slug(ref: str) -> str:
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(ref.rstrip("/")).name or "tokenizer")

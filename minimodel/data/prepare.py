@@ -8,6 +8,7 @@ so they never collide with SentencePiece shards of the same corpus."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from minimodel.config import ExperimentConfig
 from minimodel.data.corpus import check_text, find_corpus, iter_documents
 from minimodel.data.shards import check_writable, encode_corpus
 from minimodel.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError, train_tokenizer
+from minimodel.errors import UserError
 from minimodel.layout import Prepared, prepared
 from minimodel.locks import exclusive
 from minimodel.log import get_logger
@@ -26,6 +28,32 @@ log = get_logger(__name__)
 def prepared_paths(cfg: ExperimentConfig, lang: str) -> Prepared:
     """Tokenizer and shards of ``lang`` (the source language may use a Hugging Face tokenizer)."""
     return prepared(cfg.data.prepared_dir, lang, source_tokenizer(cfg) if lang == cfg.source_lang else "")
+
+
+def prepare_settings(cfg: ExperimentConfig, lang: str) -> dict:
+    """What decides a language's prepared data: its corpus (name and size) and the tokenizer and shard settings.
+    ``done.json`` records it; a prepare step is finished when the recorded settings equal these."""
+    d = cfg.data
+    paths = prepared_paths(cfg, lang)
+    try:
+        corpus = find_corpus(d.corpus_dir, lang)
+        corpus_id = {"corpus": corpus.name, "corpus_bytes": corpus.stat().st_size}
+    except (UserError, OSError):
+        corpus_id = {"corpus": "", "corpus_bytes": -1}
+    tokenizer = ({"tokenizer": paths.tokenizer} if paths.hf else
+                 {"vocab_size": d.vocab_size, "spm_model_type": d.spm_model_type,
+                  "spm_max_sentences": d.spm_max_sentences, "spm_character_coverage": d.spm_character_coverage})
+    return {"lang": lang, **corpus_id, **tokenizer, "shard_bytes": d.shard_bytes}
+
+
+def is_prepared(cfg: ExperimentConfig, lang: str) -> bool:
+    """Whether ``lang``'s prepare step finished with these settings (its ``done.json`` says so)."""
+    done = prepared_paths(cfg, lang).done
+    try:
+        recorded = json.loads(done.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(recorded, dict) and recorded.get("settings") == prepare_settings(cfg, lang)
 
 
 def load_prepared_tokenizer(cfg: ExperimentConfig, lang: str) -> AnyTokenizer:
