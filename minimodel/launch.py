@@ -9,12 +9,24 @@ Job layout, for an experiment ``name`` with ``runs_dir`` (the experiment's runs 
 ``{runs_dir}/{name}/``)::
 
     {runs_dir}/{name}/slurm/
-        00-prepare.sbatch            one script per step of `pipeline.plan`, numbered in submission order
-        00-prepare.{jobid}.out       its stdout / stderr; a requeued job keeps its id and appends
-        00-prepare.{jobid}.err
-        01-pretrain.sbatch
+        00-prepare-en.sbatch         one script per step of `pipeline.plan`, numbered in submission order
+        00-prepare-en.{jobid}.out    its stdout / stderr; a requeued job keeps its id and appends
+        00-prepare-en.{jobid}.err
+        01-prepare-de.sbatch         one prepare job per language: the source language, then the targets
         ...
-        05-minijoint-n2.adapt-de.sbatch   (sweep steps ``variant:step``: ':' becomes '.')
+        15-pretrain.sbatch
+        ...
+        NN-minijoint-n2.adapt-de.sbatch   (sweep steps ``variant:step``: ':' becomes '.')
+
+Data are prepared by one job per language (``prepare-{lang}``, ``minimodel prepare ... --langs={lang}``), not by
+one job for all of them (at CC-100 size English and the 14 targets in sequence take far longer than a 12-hour
+limit) and not by a job array: each language has dependants of its own (pretraining waits for the source
+language only, ``adapt-de`` and ``evaluate-de`` for German only), whereas ``afterok`` on an array waits for every
+task of it. A job of its own also keeps its own log and its own time limit (each gets the launcher's
+``stages.prepare`` resources), and a resubmission leaves out exactly the languages that are finished. The
+languages run in parallel as far as the cluster allows. A sweep's variants share one prepare job per language
+(they read the same ``data.prepared_dir``; `pipeline.plan` refuses variants that would prepare a language there
+with other data settings, and gives one that prepares it elsewhere a job of its own).
 
 Each job runs in the directory `minimodel submit` was called from (``--chdir``), so relative paths
 (config, ``runs_dir``, data) mean the same thing on the compute nodes (a shared filesystem is assumed).
@@ -32,7 +44,8 @@ unless it has already been restarted ``max_requeues`` times, and the restarted j
 checkpoint. A signal that comes while the command is still starting is kept and honoured once training
 starts (``minimodel.signals``). A step that
 fails (any other non-zero code) ends its job as FAILED, and ``--kill-on-invalid-dep=yes`` cancels the
-jobs waiting on it; fix the cause and submit again: finished steps are skipped (``done.json``).
+jobs waiting on it; fix the cause and submit again: finished steps are left out (a training step's ``done.json``
+matches the settings; a prepare step's ``{prepared_dir}/{lang}/done.json`` records the current data settings).
 """
 
 from __future__ import annotations
@@ -315,14 +328,20 @@ def _dependency(step: Step, ids: dict[str, str], finished: frozenset[str] = froz
 
 
 def finished_steps(config: str, steps: list[Step]) -> frozenset[str]:
-    """The training steps whose run holds a ``done.json`` written with this configuration's settings: a
-    resubmission leaves them out (their dependants do not wait on them)."""
+    """The training steps whose run holds a ``done.json`` written with this configuration's settings, and the prepare
+    steps whose language's ``{prepared_dir}/{lang}/done.json`` records the current data settings: a resubmission
+    leaves them out (their dependants do not wait on them)."""
     from minimodel.config import check_finished
+    from minimodel.data.prepare import is_prepared
     from minimodel.layout import is_done
     from minimodel.provenance import recorded_inputs, stale_inputs
 
     out = set()
     for step in steps:
+        if step.stage == "prepare" and step.lang:
+            if is_prepared(load_config(config, [a for a in step.args[2:] if not a.startswith("--")]), step.lang):
+                out.add(step.name)
+            continue
         if not step.run_dir or not is_done(Path(step.run_dir)):
             continue
         try:

@@ -4,7 +4,8 @@ locally and what `minimodel submit` turns into dependent SLURM jobs.
 One experiment file is one system (``experiments/minijoint.yaml``); ``sweep:`` entries expand it into
 variants (the depth sweep). Which steps a system has and which runs it shares with another system
 (MiniPost's step 1 and finetuned models are BL_BASE's) come from its declaration in ``systems.py``.
-Nothing here imports torch."""
+Data are prepared one step per language (``prepare-{lang}``): pretraining waits for the source language only,
+a target language's adaptation and evaluation for that language only. Nothing here imports torch."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minimodel.config import ConfigError, ExperimentConfig, load_config
-from minimodel.layout import is_done
-from minimodel.systems import Runs, external_primary, of, runs
+from minimodel.layout import is_done, prepared
+from minimodel.systems import Runs, external_primary, of, runs, source_tokenizer
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class Step:
     distributed: bool = False  # a multi-GPU step: training (srun + DDP) or evaluation (one process per GPU)
     run_dir: str = ""  # a training step's run directory: its done.json says the step is finished
     stage_name: str = ""  # that run's name for config.check_finished (pretrain, adapt/de, finetune/xnli/seed1, ...)
+    lang: str = ""  # a prepare step's language: {prepared_dir}/{lang}/done.json says it is finished (is_prepared)
 
 
 @dataclass
@@ -36,6 +38,7 @@ class Variant:
     label: str  # the system run's name in run directories and results (``systems.head_label``)
     overrides: list[str]
     cfg: ExperimentConfig = field(repr=False)
+    entry: str = ""  # the sweep entry it comes from ("" without a sweep)
 
 
 def variants(config: str | Path, overrides: list[str]) -> list[Variant]:
@@ -50,7 +53,7 @@ def variants(config: str | Path, overrides: list[str]) -> list[Variant]:
             raise ConfigError(f"{config}: sweep entry {entry!r}: {e}") from e
         extra = [*overrides, *words]
         cfg = load_config(config, extra)
-        out.append(Variant(runs(cfg).label, extra, cfg))
+        out.append(Variant(runs(cfg).label, extra, cfg, entry))
     labels = [v.label for v in out]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"{config}: two sweep entries give the same system run ({', '.join(labels)}): "
@@ -94,14 +97,55 @@ def finetune_steps(cfg: ExperimentConfig, r: Runs, mini: bool, step: Callable[..
     return finetunes
 
 
+def prepare_steps(config: str, vs: list[Variant]) -> tuple[list[Step], dict[tuple[str, str], str]]:
+    """One prepare step per language (source language first, then the targets), shared by every variant that
+    prepares that language into the same place (``{prepared_dir}/{lang}``, or the source language's Hugging Face
+    shards); a variant that prepares it elsewhere gets a step of its own (``{label}:prepare-{lang}``). Two
+    variants that would prepare a language into the same place with other data settings are refused (one would
+    overwrite, or refuse, the other's tokenizer and shards). Returns the steps and, per (variant label,
+    language), the name of the step that variant waits for."""
+    steps: list[Step] = []
+    by_place: dict[Path, tuple[Step, Variant]] = {}  # the language's done.json -> its step and the variant it is from
+    names: dict[tuple[str, str], str] = {}  # (variant label, lang) -> the step it waits for
+    wanted = [(v, v.cfg.source_lang) for v in vs] + [(v, lang) for v in vs for lang in v.cfg.target_langs]
+    for v, lang in wanted:
+        cfg = v.cfg
+        hf = source_tokenizer(cfg) if lang == cfg.source_lang else ""
+        place = prepared(cfg.data.prepared_dir, lang, hf).done.absolute()
+        if place in by_place:
+            step, first = by_place[place]
+            check_same_data(config, lang, first, v)
+        else:
+            taken = any(s.lang == lang for s in steps)
+            name = f"{v.label}:prepare-{lang}" if taken else f"prepare-{lang}"
+            step = Step(name, "prepare", ("prepare", config, *v.overrides, f"--langs={lang}"), lang=lang)
+            by_place[place] = (step, v)
+            steps.append(step)
+        names[(v.label, lang)] = step.name
+    return steps, names
+
+
+def check_same_data(config: str, lang: str, a: Variant, b: Variant) -> None:
+    """Two variants share a language's prepare step: a ConfigError naming their sweep entries unless they prepare it
+    with the same data settings (``data.prepare.prepare_settings``: corpus, tokenizer, shards)."""
+    from minimodel.data.prepare import prepare_settings  # numpy and sentencepiece, no torch
+
+    sa, sb = prepare_settings(a.cfg, lang), prepare_settings(b.cfg, lang)
+    if sa != sb:
+        keys = ", ".join(f"{k}: {sa.get(k)!r} vs {sb.get(k)!r}" for k in sorted({*sa, *sb}) if sa.get(k) != sb.get(k))
+        raise ConfigError(f"{config}: sweep entries {a.entry!r} and {b.entry!r} prepare {lang} into the same "
+                          f"{Path(a.cfg.data.prepared_dir) / lang} with other data settings ({keys}); every variant "
+                          f"shares one prepare step per language: give the sweep entry {b.entry!r} a data.prepared_dir "
+                          f"of its own, or the same data settings")
+
+
 def plan(config: str | Path, overrides: list[str] | None = None) -> list[Step]:
-    """Every step of the experiment (all variants), dependencies first."""
+    """Every step of the experiment (all variants), dependencies first: the prepare steps (one per language), then
+    per variant its training, finetuning and per language adaptation and evaluation, then the report."""
     overrides = list(overrides or [])
     config = str(config)
     vs = variants(config, overrides)
-    first = vs[0].cfg
-    langs = [first.source_lang, *first.target_langs]
-    steps = [Step("prepare", "prepare", ("prepare", config, *overrides, f"--langs={','.join(langs)}"))]
+    steps, prepare_of = prepare_steps(config, vs)
     evaluations = []
     shared: dict[Path, str] = {}  # run dir -> the step that produces it (a system may reuse another's runs)
     for v in vs:
@@ -111,18 +155,23 @@ def plan(config: str | Path, overrides: list[str] | None = None) -> list[Step]:
 
         def step(name: str, stage: str, args: list[str], after: list[str], distributed: bool = False,
                  run_dir: Path | None = None, stage_name: str = "") -> Step:
-            return Step(p + name, stage, (args[0], config, *o, *args[1:]), tuple(after), distributed,
+            return Step(p + name, stage, (args[0], config, *o, *args[1:]), tuple(dict.fromkeys(after)), distributed,
                         str(run_dir) if run_dir is not None else "", stage_name)
+
+        def data(lang: str) -> str:
+            return prepare_of[(v.label, lang)]
 
         steps_of = system.steps(external_primary(cfg))
         reused = bool(cfg.models_from)  # steps 1, 1b and 2 are another experiment's: finished, never rerun here
         if reused:
             check_reused(cfg, r, "bridge" in steps_of)
-        primary = "prepare"  # the step that makes the primary model (none of this experiment's: prepare)
+        # the step that makes the primary model; none of this experiment's (an external model, or another
+        # experiment's): the source language's prepare step (its tokenizer and shards)
+        primary = data(cfg.source_lang)
         if r.pretrain is not None and not reused:
             if r.pretrain not in shared:
                 owner = ["system=" + system.primary_from, "tag="] if system.primary_from else []
-                steps.append(step("pretrain", "pretrain", ["pretrain", *owner], ["prepare"], True, r.pretrain,
+                steps.append(step("pretrain", "pretrain", ["pretrain", *owner], [primary], True, r.pretrain,
                                   "pretrain"))
                 shared[r.pretrain] = p + "pretrain"
             primary = shared[r.pretrain]
@@ -135,14 +184,14 @@ def plan(config: str | Path, overrides: list[str] | None = None) -> list[Step]:
             if r.pretrain is None:
                 primary = body  # an external primary model: steps 3-4 wait for the bridge's checks of it
         finetunes = finetune_steps(cfg, r, system.mini_finetune, step, primary, shared, p, steps)
-        # step 4 per language, as soon as that language's embeddings and the finetuned models are there (one
-        # process per GPU when the launcher gives the job several)
+        # step 4 per language, as soon as that language's embeddings, its prepared data (the target tokenizer) and
+        # the finetuned models are there (one process per GPU when the launcher gives the job several)
         for lang in cfg.target_langs:
             if not reused:
-                steps.append(step(f"adapt-{lang}", "adapt", ["adapt", f"lang={lang}"], [body], True, r.adapt(lang),
-                                  f"adapt/{lang}"))
+                steps.append(step(f"adapt-{lang}", "adapt", ["adapt", f"lang={lang}"], [body, data(lang)], True,
+                                  r.adapt(lang), f"adapt/{lang}"))
             steps.append(step(f"evaluate-{lang}", "evaluate", ["evaluate", f"lang={lang}"],
-                              [*([] if reused else [p + f"adapt-{lang}"]), *finetunes], True))
+                              [*([] if reused else [p + f"adapt-{lang}"]), *finetunes, data(lang)], True))
             evaluations.append(p + f"evaluate-{lang}")
     steps.append(Step("report", "report", ("report", config, *overrides), tuple(evaluations)))
     return steps

@@ -116,18 +116,29 @@ def test_shipped_launchers_load():
 
 
 def test_submit_minijoint(fake_slurm: Path, tmp_path: Path, capsys: pytest.CaptureFixture):
-    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
     steps = plan(MINIJOINT, overrides)
-    assert [s.name for s in steps] == ["prepare", "pretrain", "finetune-xnli-s1", "finetune-xnli-s2", "adapt-de",
-                                       "evaluate-de", "adapt-tr", "evaluate-tr", "report"]
-    # a language is evaluated as soon as its embeddings and the finetuned models are there
-    assert next(s for s in steps if s.name == "evaluate-de").after == ("adapt-de", "finetune-xnli-s1",
-                                                                       "finetune-xnli-s2")
+    assert [s.name for s in steps] == ["prepare-en", "prepare-de", "prepare-tr", "pretrain", "finetune-xnli-s1",
+                                       "finetune-xnli-s2", "adapt-de", "evaluate-de", "adapt-tr", "evaluate-tr",
+                                       "report"]
+    by_name = {s.name: s for s in steps}
+    # one prepare step per language; pretraining needs English only, a language's adaptation its own data only
+    for lang in ("en", "de", "tr"):
+        prep = by_name[f"prepare-{lang}"]
+        assert (prep.stage, prep.lang, prep.after) == ("prepare", lang, ())
+        assert prep.args == ("prepare", MINIJOINT, *overrides, f"--langs={lang}")
+    assert by_name["pretrain"].after == ("prepare-en",)
+    assert by_name["adapt-de"].after == ("pretrain", "prepare-de")
+    assert by_name["finetune-xnli-s1"].after == ("pretrain",)
+    # a language is evaluated as soon as its embeddings, its tokenizer and the finetuned models are there
+    assert by_name["evaluate-de"].after == ("adapt-de", "finetune-xnli-s1", "finetune-xnli-s2", "prepare-de")
     jobs = submit(MINIJOINT, overrides, launcher="a100")
     sbatch = calls(fake_slurm, "sbatch")
     ids = check_dependencies(steps, sbatch)
     assert jobs == list(ids.items())  # "1000;fakecluster" -> "1000"
-    assert "submitted adapt-de: job 1004 after pretrain=1001" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "submitted prepare-en: job 1000\n" in out and "submitted pretrain: job 1003 after prepare-en=1000\n" in out
+    assert "submitted adapt-de: job 1006 after pretrain=1003, prepare-de=1001\n" in out
 
     slurm = tmp_path / "runs" / "paper" / "slurm"
     for i, (step, call) in enumerate(zip(steps, sbatch)):
@@ -160,8 +171,13 @@ def test_submit_minijoint(fake_slurm: Path, tmp_path: Path, capsys: pytest.Captu
             assert args == [*step.args, "--no-progress"]
             assert sbatch_option(script, "ntasks-per-node") == "1"
             assert sbatch_option(script, "gres") == (None if step.stage in ("prepare", "report") else "gpu:1")
+        if s == "prepare":  # one language per job, with the launcher's prepare resources
+            assert args[0] == "prepare" and [a for a in args if a.startswith("--langs")] == [f"--langs={step.lang}"]
+            prepare = load_launcher(launcher_path("a100", MINIJOINT)).stages.prepare
+            assert (sbatch_option(script, "time"), sbatch_option(script, "cpus-per-task")) == (
+                prepare.time, str(prepare.cpus_per_task))
     # the list override survives the shell
-    adapt = (slurm / "04-adapt-de.sbatch").read_text()
+    adapt = (slurm / "06-adapt-de.sbatch").read_text()
     assert "'target_langs=[de,tr]'" in adapt and "'finetune.seeds=[1,2]'" in adapt
 
 
@@ -183,7 +199,7 @@ def test_sweep_gives_steps_per_variant(fake_slurm: Path, tmp_path: Path, monkeyp
     exp.write_text((ROOT / "experiments" / "minijoint.yaml").read_text()
                    + 'sweep: ["model.mini_heads=[2] tag=n2", "model.mini_heads=[6] tag=n6"]\n')
     monkeypatch.setenv("MINIMODEL_CONF", str(ROOT / "conf"))
-    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
     steps = plan(exp, overrides)
     jobs = submit(str(exp), overrides, launcher="a100")  # found through $MINIMODEL_CONF/launcher/
     names = [n for n, _ in jobs]
@@ -192,10 +208,13 @@ def test_sweep_gives_steps_per_variant(fake_slurm: Path, tmp_path: Path, monkeyp
         for name in ("pretrain", "adapt-de", "adapt-tr", "finetune-xnli-s1", "finetune-xnli-s2", "evaluate-de",
                      "evaluate-tr"):
             assert f"{v}:{name}" in names
-    assert names[0] == "prepare" and names[-1] == "report"
+    # the variants share one prepare step per language (the same data.prepared_dir and data settings)
+    assert names[:3] == ["prepare-en", "prepare-de", "prepare-tr"] and names[-1] == "report"
+    assert [n for n in names if "prepare" in n] == names[:3]
     ids = check_dependencies(steps, calls(fake_slurm, "sbatch"))
     by_name = {s.name: s for s in steps}
-    assert by_name["minijoint-n6:adapt-de"].after == ("minijoint-n6:pretrain",)
+    assert by_name["minijoint-n2:pretrain"].after == by_name["minijoint-n6:pretrain"].after == ("prepare-en",)
+    assert by_name["minijoint-n6:adapt-de"].after == ("minijoint-n6:pretrain", "prepare-de")
     assert by_name["report"].after == ("minijoint-n2:evaluate-de", "minijoint-n2:evaluate-tr",
                                        "minijoint-n6:evaluate-de", "minijoint-n6:evaluate-tr")
     i = names.index("minijoint-n6:adapt-de")
@@ -209,16 +228,27 @@ def test_sweep_gives_steps_per_variant(fake_slurm: Path, tmp_path: Path, monkeyp
 def test_dry_run_submits_nothing(fake_slurm: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
                                  monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))  # no sbatch needed either
-    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
     jobs = submit(MINIJOINT, overrides, launcher="h100", dry_run=True)
     out = capsys.readouterr().out
     assert calls(fake_slurm, "sbatch") == []
-    assert [j for _, j in jobs] == [""] * len(jobs) == [""] * 9
-    assert out.count("#!/bin/bash") == 9
-    assert "--dependency=afterok:<adapt-de>:<finetune-xnli-s1>:<finetune-xnli-s2>" in out  # evaluate-de
-    assert "--dependency=afterok:<evaluate-de>:<evaluate-tr>" in out  # the report
+    assert [j for _, j in jobs] == [""] * len(jobs) == [""] * 11
+    assert out.count("#!/bin/bash") == 11
+    # "# ===== STEP: sbatch --parsable [--dependency=...] SCRIPT" per step
+    deps = {name: [a for a in shlex.split(cmd) if a.startswith("--dependency")]
+            for name, cmd in re.findall(r"^# ===== (\S+): (.*)$", out, flags=re.M)}
+    assert list(deps) == [n for n, _ in jobs]
+    assert deps["prepare-en"] == deps["prepare-de"] == deps["prepare-tr"] == []
+    assert deps["pretrain"] == ["--dependency=afterok:<prepare-en>"]  # English only
+    assert deps["adapt-de"] == ["--dependency=afterok:<pretrain>:<prepare-de>"]
+    assert deps["evaluate-de"] == ["--dependency=afterok:<adapt-de>:<finetune-xnli-s1>:<finetune-xnli-s2>:<prepare-de>"]
+    assert deps["report"] == ["--dependency=afterok:<evaluate-de>:<evaluate-tr>"]
+    slurm = tmp_path / "runs" / "paper" / "slurm"
+    for i, lang in enumerate(("en", "de", "tr")):  # each prepare script runs its own language only
+        cmd = command_of((slurm / f"{i:02d}-prepare-{lang}.sbatch").read_text())
+        assert cmd[cmd.index("minimodel") + 1] == "prepare" and cmd[-2:] == [f"--langs={lang}", "--no-progress"]
     assert "nothing submitted" in out
-    assert len(list((tmp_path / "runs" / "paper" / "slurm").glob("*.sbatch"))) == 9
+    assert len(list(slurm.glob("*.sbatch"))) == 11
 
 
 @pytest.fixture
@@ -299,12 +329,13 @@ def test_missing_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_sbatch_failure_says_what_was_submitted(fake_slurm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("FAKE_SBATCH_FAIL_AT", "3")
+    monkeypatch.setenv("FAKE_SBATCH_FAIL_AT", "5")
     with pytest.raises(SubmitError) as e:
-        submit(MINIJOINT, [*OVERRIDES, f"runs_dir={tmp_path}"], launcher="a100")
+        submit(MINIJOINT, [*OVERRIDES, f"runs_dir={tmp_path}", f"data.prepared_dir={tmp_path / 'prepared'}"], launcher="a100")
     msg = str(e.value)
     assert "sbatch failed for step finetune-xnli-s1" in msg and "Invalid account" in msg
-    assert "already submitted: prepare=1000, pretrain=1001" in msg and "scancel 1000 1001" in msg
+    assert "already submitted: prepare-en=1000, prepare-de=1001, prepare-tr=1002, pretrain=1003" in msg
+    assert "scancel 1000 1001 1002 1003" in msg
 
 
 def test_safe_name():
@@ -346,7 +377,7 @@ def test_resubmission_leaves_out_finished_steps(fake_slurm: Path, tmp_path: Path
 
     from minimodel.config import save_config
 
-    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
     steps = configured_runs(overrides, ("pretrain", "adapt-de"))
     for name in ("pretrain", "adapt-de"):
         (Path(steps[name].run_dir) / "done.json").write_text("{}")
@@ -362,13 +393,14 @@ def test_resubmission_leaves_out_finished_steps(fake_slurm: Path, tmp_path: Path
     dep = [a for a in by_step["finetune-xnli-s1"]["argv"] if a.startswith("--dependency")]
     assert dep == []  # it needed only the pretraining, which is finished
     assert [a for a in by_step["evaluate-de"]["argv"] if a.startswith("--dependency")] == [
-        "--dependency=afterok:" + ":".join(dict(jobs)[n] for n in ("finetune-xnli-s1", "finetune-xnli-s2"))]
+        "--dependency=afterok:" + ":".join(dict(jobs)[n] for n in ("finetune-xnli-s1", "finetune-xnli-s2",
+                                                                     "prepare-de"))]
     assert yaml.safe_load((tr / "config.yaml").read_text())["adapt"]["optim"]["lr"] == 1e-2  # untouched
 
 
 def test_a_second_submit_is_refused_while_jobs_are_queued(fake_slurm: Path, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch):
-    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
     monkeypatch.setenv("FAKE_SQUEUE", "1234 paper-pretrain RUNNING\n1235 other-pretrain PENDING")
     with pytest.raises(SubmitError, match=r"jobs of experiment paper are queued or running \(1234 paper-pretrain "
                                           r"RUNNING\): submitting again would run the same steps twice"):
@@ -381,7 +413,8 @@ def test_a_second_submit_is_refused_while_jobs_are_queued(fake_slurm: Path, tmp_
 def test_paths_the_jobs_would_not_find_are_named_before_submitting(fake_slurm: Path, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch,
                                                                    capsys: pytest.CaptureFixture):
-    overrides = [*OVERRIDES[:-1], "data.corpus_dir=data/demo/corpus", f"runs_dir={tmp_path / 'runs'}"]
+    overrides = [*OVERRIDES[:-1], "data.corpus_dir=data/demo/corpus", f"runs_dir={tmp_path / 'runs'}",
+                 f"data.prepared_dir={tmp_path / 'prepared'}"]
     monkeypatch.chdir(tmp_path)  # not the repository: data/demo/corpus and .venv/bin/activate are not here
     with pytest.raises(SubmitError) as e:
         submit(MINIJOINT, overrides, launcher="a100")
@@ -399,7 +432,7 @@ def test_a_finished_step_built_on_an_earlier_run_is_not_left_out(fake_slurm: Pat
     (its job then stops, naming both runs) rather than left out as finished."""
     from minimodel.provenance import stamp
 
-    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
     steps = configured_runs(overrides, ("pretrain", "adapt-de"))
     pre, de = Path(steps["pretrain"].run_dir), Path(steps["adapt-de"].run_dir)
     (pre / "done.json").write_text(json.dumps({"step": 10, "finished_at": "2026-01-01T00:00:00+00:00"}))
@@ -410,3 +443,137 @@ def test_a_finished_step_built_on_an_earlier_run_is_not_left_out(fake_slurm: Pat
     names = [n for n, _ in submit(MINIJOINT, overrides, launcher="a100")]
     assert "left out (finished with these settings: done.json): pretrain\n" in capsys.readouterr().out
     assert "adapt-de" in names and "pretrain" not in names
+
+
+def write_prepared(cfg, lang: str) -> None:
+    """``{prepared_dir}/{lang}/done.json`` as a finished prepare step writes it: the settings it prepared with."""
+    from minimodel.data.prepare import prepare_settings, prepared_paths
+
+    done = prepared_paths(cfg, lang).done
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.write_text(json.dumps({"settings": prepare_settings(cfg, lang)}))
+
+
+def dependency_of(sbatch: list[dict], step: str) -> list[str]:
+    call, = [c for c in sbatch if f"# minimodel step {step} (" in c["script"]]
+    return [a for a in call["argv"] if a.startswith("--dependency")]
+
+
+def test_resubmission_leaves_out_finished_prepare_steps(fake_slurm: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture):
+    """A language whose done.json records the current data settings is not prepared again, and nothing waits for
+    it; a language not prepared yet, or prepared with other settings (another vocabulary), is submitted."""
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
+    cfg = load_config(MINIJOINT, overrides)
+    for lang in ("en", "de"):
+        write_prepared(cfg, lang)
+    jobs = dict(submit(MINIJOINT, overrides, launcher="a100"))
+    assert "left out (finished with these settings: done.json): prepare-en, prepare-de\n" in capsys.readouterr().out
+    assert "prepare-en" not in jobs and "prepare-de" not in jobs and "prepare-tr" in jobs
+    sbatch = calls(fake_slurm, "sbatch")
+    assert len(sbatch) == len(jobs) == 9
+    assert dependency_of(sbatch, "pretrain") == []  # English is prepared: it starts at once
+    assert dependency_of(sbatch, "adapt-de") == [f"--dependency=afterok:{jobs['pretrain']}"]
+    assert dependency_of(sbatch, "adapt-tr") == [f"--dependency=afterok:{jobs['pretrain']}:{jobs['prepare-tr']}"]
+    assert dependency_of(sbatch, "evaluate-de") == [
+        "--dependency=afterok:" + ":".join(jobs[n] for n in ("adapt-de", "finetune-xnli-s1", "finetune-xnli-s2"))]
+    script = Path(sbatch[0]["argv"][-1])
+    assert script.name == "00-prepare-tr.sbatch" and command_of(script.read_text())[-2:] == ["--langs=tr",
+                                                                                              "--no-progress"]
+    # another vocabulary: what is prepared is not what these settings need; every language is prepared again
+    again = dict(submit(MINIJOINT, [*overrides, "data.vocab_size=2000"], launcher="a100"))
+    assert "left out" not in capsys.readouterr().out
+    assert list(again)[:4] == ["prepare-en", "prepare-de", "prepare-tr", "pretrain"]
+    assert dependency_of(calls(fake_slurm, "sbatch")[len(sbatch):], "pretrain") == [
+        f"--dependency=afterok:{again['prepare-en']}"]
+
+
+def test_is_prepared_is_what_leaves_a_prepare_step_out(fake_slurm: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    """The launcher asks data.prepare.is_prepared, with the step's own settings and language."""
+    asked = []
+
+    def is_prepared(cfg, lang: str) -> bool:
+        asked.append((cfg.data.prepared_dir, lang))
+        return lang == "tr"
+
+    monkeypatch.setattr("minimodel.data.prepare.is_prepared", is_prepared)
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
+    names = [n for n, _ in submit(MINIJOINT, overrides, launcher="a100")]
+    assert asked == [(str(tmp_path / "prepared"), lang) for lang in ("en", "de", "tr")]
+    assert names[:3] == ["prepare-en", "prepare-de", "pretrain"] and "prepare-tr" not in names
+
+
+def test_variants_that_prepare_elsewhere_get_their_own_prepare_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    exp = tmp_path / "experiments" / "sweep.yaml"
+    exp.parent.mkdir()
+    other = tmp_path / "other-prepared"
+    exp.write_text((ROOT / "experiments" / "minijoint.yaml").read_text()
+                   + f'sweep: ["model.mini_heads=[2] tag=n2", "model.mini_heads=[6] tag=n6 data.prepared_dir={other}"]\n')
+    monkeypatch.setenv("MINIMODEL_CONF", str(ROOT / "conf"))
+    steps = {s.name: s for s in plan(exp, [*OVERRIDES, f"data.prepared_dir={tmp_path / 'prepared'}"])}
+    prepares = [n for n, s in steps.items() if s.stage == "prepare"]
+    assert prepares == ["prepare-en", "minijoint-n6:prepare-en", "prepare-de", "prepare-tr", "minijoint-n6:prepare-de",
+                        "minijoint-n6:prepare-tr"]  # source language first, then the targets
+    assert f"data.prepared_dir={other}" in steps["minijoint-n6:prepare-de"].args
+    assert steps["minijoint-n6:prepare-de"].args[-1] == "--langs=de"
+    assert steps["minijoint-n2:pretrain"].after == ("prepare-en",)
+    assert steps["minijoint-n6:pretrain"].after == ("minijoint-n6:prepare-en",)
+    assert steps["minijoint-n6:adapt-de"].after == ("minijoint-n6:pretrain", "minijoint-n6:prepare-de")
+    assert steps["minijoint-n6:evaluate-tr"].after[-1] == "minijoint-n6:prepare-tr"
+
+
+def test_variants_that_would_prepare_a_language_differently_in_one_place_are_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from minimodel.config import ConfigError
+
+    exp = tmp_path / "experiments" / "sweep.yaml"
+    exp.parent.mkdir()
+    exp.write_text((ROOT / "experiments" / "minijoint.yaml").read_text()
+                   + 'sweep: ["tag=a", "data.vocab_size=2000 tag=b"]\n')
+    monkeypatch.setenv("MINIMODEL_CONF", str(ROOT / "conf"))
+    with pytest.raises(ConfigError, match=re.escape(
+            f"{exp}: sweep entries 'tag=a' and 'data.vocab_size=2000 tag=b' prepare en into the same "
+            f"{tmp_path / 'prepared' / 'en'} with other data settings (vocab_size: ") + r".*"
+            + re.escape("give the sweep entry 'data.vocab_size=2000 tag=b' a data.prepared_dir of its own")):
+        plan(exp, [*OVERRIDES, f"data.prepared_dir={tmp_path / 'prepared'}"])
+
+
+def test_prepare_steps_without_a_pretraining_of_this_experiment(tmp_path: Path):
+    """MiniPost from a public model: its bridge waits for English's prepare step only. An experiment that reuses
+    another's models (models_from): finetuning waits for English's data, each evaluation for its language's."""
+    from minimodel.systems import runs
+
+    minipost = str(ROOT / "experiments" / "minipost.yaml")
+    steps = {s.name: s for s in plan(minipost, [*OVERRIDES, "bridge.source=roberta-base"])}
+    assert "pretrain" not in steps and steps["bridge"].after == ("prepare-en",)
+    assert steps["adapt-de"].after == ("bridge", "prepare-de")
+
+    reuse = tmp_path / "reuse.yaml"
+    reuse.write_text(f"extends: {MINIJOINT}\nname: reuse\nmodels_from: paper\n")
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
+    r = runs(load_config(reuse, overrides))
+    for run in (r.pretrain, r.adapt("de"), r.adapt("tr")):
+        run.mkdir(parents=True)
+        (run / "done.json").write_text("{}")
+    steps = {s.name: s for s in plan(reuse, overrides)}
+    assert list(steps) == ["prepare-en", "prepare-de", "prepare-tr", "finetune-xnli-s1", "finetune-xnli-s2",
+                           "evaluate-de", "evaluate-tr", "report"]
+    assert steps["finetune-xnli-s1"].after == ("prepare-en",)
+    assert steps["evaluate-de"].after == ("finetune-xnli-s1", "finetune-xnli-s2", "prepare-de")
+
+
+def test_run_executes_the_prepare_steps_one_language_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """`minimodel run` runs the plan in order: each language's prepare step on its own, English first."""
+    import argparse
+
+    from minimodel import cli
+
+    ran: list[list[str]] = []
+    monkeypatch.setattr(cli, "main", lambda argv: ran.append(argv) or 0)
+    overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
+    args = argparse.Namespace(config=MINIJOINT, overrides=overrides, no_progress=True)
+    assert cli.cmd_run(load_config(MINIJOINT, overrides), args) == ""
+    assert [a[0] for a in ran] == [s.args[0] for s in plan(MINIJOINT, overrides)]
+    assert [a[-2] for a in ran[:3]] == ["--langs=en", "--langs=de", "--langs=tr"] and ran[3][0] == "pretrain"
+    assert all(a[-1] == "--no-progress" for a in ran)

@@ -115,7 +115,7 @@ def test_one_pretraining_serves_every_head_in_the_plan(tmp_path):
     pretrains = [s.name for s in steps if s.stage == "pretrain"]
     assert pretrains == ["bl_base:pretrain", "minijoint@l1:pretrain"]
     adapt_l2 = next(s for s in steps if s.name == "minijoint@l2:adapt-de")
-    assert adapt_l2.after == ("minijoint@l1:pretrain",)
+    assert adapt_l2.after == ("minijoint@l1:pretrain", "prepare-de")
     c = variants(exp, [])[1].cfg
     primary_finetunes = [s.name for s in steps if s.stage == "finetune" and "body=mini" not in s.args]
     assert len([f for f in primary_finetunes if f.startswith("minijoint@l1:")]) == len(c.finetune.tasks) * len(
@@ -147,7 +147,7 @@ def test_an_adaptation_tag_shares_steps_1_1b_and_3(tmp_path):
     steps = plan(exp, [])
     assert [s.name for s in steps if s.stage in ("pretrain", "bridge")] == [
         "minipost:pretrain", "minipost:bridge", "minijoint@l2:pretrain"]
-    assert next(s for s in steps if s.name == "minipost@low:adapt-de").after == ("minipost:bridge",)
+    assert next(s for s in steps if s.name == "minipost@low:adapt-de").after == ("minipost:bridge", "prepare-de")
     assert not [s for s in steps if s.stage == "finetune" and s.name.startswith(("minipost@low:", "minijoint@l2+low:"))]
     with pytest.raises(ConfigError, match="adapt.tag='a/b'"):
         tiny_config(tmp_path, tmp_path, "adapt.tag=a/b")

@@ -56,7 +56,8 @@ tasks:
 def test_a_new_experiment_reuses_the_models_and_writes_nothing_there(own_task):
     assert own_task["after"] == own_task["before"]  # no file added, none touched (mtimes equal)
     names = [s.name for s in plan(own_task["exp"], own_task["overrides"])]
-    assert names == ["prepare", "finetune-calc-s1", "evaluate-de", "evaluate-tr", "report"]  # no pretrain, no adapt
+    assert names == ["prepare-en", "prepare-de", "prepare-tr", "finetune-calc-s1", "evaluate-de", "evaluate-tr",
+                     "report"]  # no pretrain, no adapt
     mine = own_task["runs"] / "calc" / "bl_base"
     assert (mine / "finetune" / "calc" / "seed1" / "model.pt").is_file() and (mine / "results.jsonl").is_file()
     done = json.loads((mine / "finetune" / "calc" / "seed1" / "done.json").read_text())

@@ -34,12 +34,13 @@ def test_submit_warns_but_submits(tmp_path, capsys):
 
     exp = str(ROOT / "experiments" / "minijoint.yaml")
     overrides = ["target_langs=[de]", "finetune.tasks=[xnli]", "finetune.seeds=[1]", f"runs_dir={tmp_path}",
-                 f"data.corpus_dir={ROOT / 'data' / 'demo' / 'corpus'}", "adapt.optim.micro_batch=256"]
+                 f"data.prepared_dir={tmp_path / 'prepared'}", f"data.corpus_dir={ROOT / 'data' / 'demo' / 'corpus'}",
+                 "adapt.optim.micro_batch=256"]
     launcher = tmp_path / "small.yaml"
     launcher.write_text("gpu_memory_gib: 16\nstages:\n  adapt: {time: '01:00:00', nodes: 1, gpus_per_node: 8}\n")
     jobs = submit(exp, overrides, launcher=str(launcher), dry_run=True)
-    assert [name for name, _ in jobs] == ["prepare", "pretrain", "finetune-xnli-s1", "adapt-de", "evaluate-de",
-                                          "report"]  # a warning, not a refusal
+    assert [name for name, _ in jobs] == ["prepare-en", "prepare-de", "pretrain", "finetune-xnli-s1", "adapt-de",
+                                          "evaluate-de", "report"]  # a warning, not a refusal
     err = capsys.readouterr().err
     warning, = [line for line in err.splitlines() if "WARNING" in line]
     assert "WARNING: adapt needs about" in warning and "adapt.optim.micro_batch=256" in warning

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from minimodel.config import load_config
+from minimodel.data.prepare import is_prepared
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -127,10 +129,15 @@ def first_run(area: dict[str, Path]) -> dict:
 
 def test_a_two_system_experiment_runs_in_order_to_its_report(first_run: dict, area: dict[str, Path]):
     ids, jobs = first_run["ids"], first_run["jobs"]
-    assert len(ids) == 10, first_run["out"]  # prepare, 2 x (pretrain, finetune, adapt-de, evaluate-de), report
+    # prepare-en, prepare-de (one job per language), 2 x (pretrain, finetune, adapt-de, evaluate-de), report
+    assert len(ids) == 11, first_run["out"]
+    assert list(ids)[:2] == ["prepare-en", "prepare-de"], first_run["out"]
     states = {step: jobs[jid]["JobState"] for step, jid in ids.items()}
     assert set(states.values()) == {"COMPLETED"}, states
     slurm_dir = area["runs"] / "slurm_tiny" / "slurm"
+    for system in ("bl_base", "minijoint"):  # pretraining waits for English only, adaptation to German for German
+        assert dependencies(slurm_dir, f"{system}:pretrain", list(ids)) == ["prepare-en"]
+        assert dependencies(slurm_dir, f"{system}:adapt-de", list(ids)) == [f"{system}:pretrain", "prepare-de"]
     for step, jid in ids.items():  # each job started only after every job it depends on had ended
         for dep in dependencies(slurm_dir, step, list(ids)):
             assert when(jobs[jid]["StartTime"]) >= when(jobs[ids[dep]]["EndTime"]), (step, dep)
@@ -154,7 +161,10 @@ def test_resubmission_leaves_out_finished_steps_and_a_second_submit_is_refused(f
     p = submit(EXP, paths(area), launcher_file)
     ids = job_ids(p.stdout)
     assert "left out (finished with these settings: done.json)" in p.stdout
-    assert set(ids) == {"prepare", "bl_base:evaluate-de", "minijoint:evaluate-de", "report"}, p.stdout
+    # a language is left out once its prepare step has written {prepared_dir}/{lang}/done.json with these settings
+    cfg = load_config(EXP, paths(area))
+    unprepared = {f"prepare-{lang}" for lang in ("en", "de") if not is_prepared(cfg, lang)}
+    assert set(ids) == {*unprepared, "bl_base:evaluate-de", "minijoint:evaluate-de", "report"}, p.stdout
     again = submit(EXP, paths(area), launcher_file, check=False)  # while those jobs are queued or running
     assert again.returncode == 2 and "queued or running" in again.stderr, again.stdout + again.stderr
     assert not job_ids(again.stdout)
