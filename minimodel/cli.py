@@ -46,7 +46,9 @@ def cmd_prepare(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
             raise UserError(f"--langs={args.langs!r}: the language {lang!r} names a corpus file and a prepared "
                             f"directory ({{data.prepared_dir}}/{{lang}}); {PATH_COMPONENT_RULE}")
     for lang in langs:
-        prepare_language(cfg, lang, progress=not args.no_progress)
+        stopped = prepare_language(cfg, lang, progress=not args.no_progress)
+        if stopped:
+            return stopped
     return ""
 
 
@@ -259,7 +261,7 @@ def _int_arg(item: str) -> int:
         raise UserError(f"{key}={value!r}: expected a number of updates (e.g. {key}=500)") from None
 
 
-CATCH_EARLY = ("pretrain", "bridge", "adapt", "finetune", "evaluate", "run")
+CATCH_EARLY = ("prepare", "pretrain", "bridge", "adapt", "finetune", "evaluate", "run")
 """Commands that stop cleanly on SIGUSR1 / SIGTERM (checkpoint, exit 3): a signal before they are ready is
 recorded and honoured (``signals``), not fatal."""
 
@@ -316,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"finished (exit {STOPPED_EXIT}); rerun without stop_at to go on")
         return STOPPED_EXIT
     if stopped:
-        log.warning(f"{args.command}: stopped on {stopped} after writing a checkpoint; rerun the same command to resume")
+        saved = "saving its progress" if args.command == "prepare" else "writing a checkpoint"
+        log.warning(f"{args.command}: stopped on {stopped} after {saved}; rerun the same command to resume")
         return REQUEUE_EXIT
     return 0
 

@@ -100,9 +100,14 @@ class DataConfig:
     source_tokenizer: str = ""
     spm_model_type: str = "unigram"
     spm_max_sentences: int = 10_000_000  # sentence sampling cap for tokenizer training
+    # text read to draw those sentences: a plain corpus is read in windows spread over the file, an xz corpus (not
+    # seekable) from its start; a corpus no larger is read whole
+    spm_sample_bytes: int = 2 * 2**30
     spm_character_coverage: float = 0.9995
-    shard_bytes: int = 64 * 2**20  # text per shard (documents are never split)
-    encode_threads: int = 2
+    shard_bytes: int = 64 * 2**20  # text per shard (cut after a blank line; see data.corpus.MAX_DOCUMENT_BYTES)
+    # prepare's worker processes (encoding) and SentencePiece's training threads; 0 = every CPU this process may
+    # use (os.sched_getaffinity: SLURM's --cpus-per-task)
+    encode_threads: int = 0
     seq_len: int = 512
     mask_prob: float = 0.15
     val_blocks: int = 512  # held-out blocks at the end of the token stream
@@ -671,7 +676,8 @@ def _validate_sizes(cfg: ExperimentConfig, fail: Any) -> None:
     check.integer("data.seq_len", d.seq_len, MIN_SEQ_LEN, what=f"at least {MIN_SEQ_LEN} (tokens per MLM block)")
     check.count("data.val_blocks", d.val_blocks)
     check.count("data.num_workers", d.num_workers)
-    for name in ("encode_threads", "shard_bytes", "spm_max_sentences"):
+    check.count("data.encode_threads", d.encode_threads)
+    for name in ("shard_bytes", "spm_max_sentences", "spm_sample_bytes"):
         check.integer(f"data.{name}", getattr(d, name))
     if not 0.0 < d.spm_character_coverage <= 1.0:
         fail(f"data.spm_character_coverage must be in (0, 1], got {d.spm_character_coverage}")

@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import warnings
+from collections.abc import Callable
 
 PREFIX = "[minimodel]"
 _RANK_VARS = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "JSM_NAMESPACE_RANK")
@@ -71,3 +73,63 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "lightning_fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+PROGRESS_EVERY_S = 30.0
+
+
+class Progress:
+    """Progress of a long read of a file: a line every ``every`` seconds in the log (bytes read, MB/s, ETA: what a
+    SLURM job's log shows, with or without ``--no-progress``) and, on a terminal, a tqdm bar.
+
+    ``update(position, text)``: ``position`` is how far into the file on disk (compressed bytes for xz: what the
+    ETA is computed from), ``text`` the bytes of text read so far."""
+
+    def __init__(self, what: str, total: int, bar: bool = False, every: float | None = None,
+                 clock: Callable[[], float] = time.monotonic, start: int = 0) -> None:
+        self.what, self.total, self.clock = what, total, clock
+        self.every = PROGRESS_EVERY_S if every is None else every
+        self.t0 = self.last = clock()
+        self.start = self.position = start
+        self.text = 0
+        self._bar = None
+        if bar:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=start, unit="B", unit_scale=True, desc=what, file=sys.stderr,
+                             dynamic_ncols=True)
+
+    def update(self, position: int, text: int, extra: str = "") -> None:
+        if self._bar is not None:
+            self._bar.update(position - self.position)
+        self.position, self.text = position, text
+        now = self.clock()
+        if now - self.last >= self.every:
+            self.last = now
+            get_logger("minimodel.progress").info(self.line(extra))
+
+    def line(self, extra: str = "") -> str:
+        elapsed = max(self.clock() - self.t0, 1e-9)
+        rate = (self.position - self.start) / elapsed  # bytes of the file per second
+        left = (self.total - self.position) / rate if rate > 0 else float("inf")
+        eta = "?" if left == float("inf") else _clock_time(left)
+        share = f"{self.position / self.total:.0%} of {_size(self.total)} on disk" if self.total else "?"
+        return (f"{self.what}: {_size(self.text)} of text read ({share}), {self.text / elapsed / 1e6:.1f} MB/s of "
+                f"text, ETA {eta}{', ' + extra if extra else ''}")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _clock_time(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

@@ -40,6 +40,12 @@ def restore(handlers: dict[int, Any]) -> None:
     _received.clear()
 
 
+def requested() -> str | None:
+    """The last stop signal recorded by ``catch_early`` so far, without forgetting it: work that polls (``prepare``
+    between shards) stops at its next safe point."""
+    return _received[-1] if _received else None
+
+
 def take() -> str | None:
     """The name of the last stop signal recorded before a stage's own handlers took over, or None; the stage
     that takes it honours it, so it is forgotten here."""

@@ -45,9 +45,11 @@ RUN = "runs/chain/bl_base"
 
 SITES = (  # in an order in which each command, rerun after the fault at one, reaches the next
     Site("prepare", "prepared/en/.lock", "the lock of a prepared language (holder)"),
+    Site("prepare", "prepared/en/spm_sample.txt", "the tokenizer's sample (kept until the tokenizer is written)"),
     Site("prepare", "prepared/en/spm.model", "a trained SentencePiece model"),
     Site("prepare", "prepared/en/shards/shard_00000.npy", "a token shard"),
     Site("prepare", "prepared/en/shards/manifest.json", "the shards' manifest"),
+    Site("prepare", "prepared/en/done.json", "a prepared language (its settings)"),
     Site("pretrain", f"{RUN}/pretrain/.lock", "a stage run's lock"),
     Site("pretrain", f"{RUN}/pretrain/config.yaml", "the settings a stage runs with (config.save_config)"),
     Site("pretrain", f"{RUN}/pretrain/inputs.json", "what a stage run was built on (provenance.record_inputs)"),
@@ -104,7 +106,7 @@ target_langs: [de]
 runs_dir: {root / 'runs'}
 model: {{mini_heads: [], max_positions: 66}}
 data: {{corpus_dir: {corpus}, prepared_dir: {root / 'prepared'}, vocab_size: 1000, seq_len: 64, val_blocks: 8,
-        num_workers: 0}}
+        num_workers: 0, encode_threads: 1}}  # shards written in this process, where the faults are injected
 pretrain:
 {stage}adapt:
 {stage}tasks:

@@ -62,7 +62,7 @@ def check_text(path: str | Path) -> None:
 
 
 @dataclass
-class _Undecodable:
+class Undecodable:
     """Lines of a corpus that are not valid UTF-8 (their bad bytes become U+FFFD)."""
 
     lines: int = 0
@@ -77,6 +77,12 @@ class _Undecodable:
         self.first_line = self.first_line or number
         return text
 
+    def merge(self, other: Undecodable) -> None:
+        """Add the counts of a later part of the same corpus (its line numbers are the corpus's)."""
+        self.lines += other.lines
+        self.replaced += other.replaced
+        self.first_line = self.first_line or other.first_line
+
     def warn(self, path: Path) -> None:
         """Warn once per corpus file (prepare reads it twice: tokenizer training, then encoding)."""
         stat = path.stat()
@@ -89,46 +95,157 @@ class _Undecodable:
                         f"those characters")
 
 
-def _lines(f: BinaryIO, undecodable: _Undecodable) -> Iterator[str]:
-    """Decoded lines; ``\\n``, ``\\r\\n`` and a lone ``\\r`` end a line, as in text mode (a line may keep
-    its ``\\n``: callers strip)."""
-    for number, raw in enumerate(f, 1):
+MAX_DOCUMENT_BYTES = 1 << 20
+"""A document ends at a blank line, or where a chunk of the corpus is cut for want of one: when no blank line
+comes within this many bytes after a chunk's target size, the chunk (and the document running through it) ends
+at the next line end. A corpus without blank lines is thus read in bounded pieces (a chunk holds at most its
+target size + this + one line), never whole."""
+
+READ_BYTES = 4 << 20  # the corpus is read (and decompressed) in blocks of this size
+_BLANK_LINES = (b"\n\n", b"\n\r\n")  # a blank line ("\r\n" files too): where a chunk may end
+
+
+@dataclass(frozen=True)
+class RawChunk:
+    """Bytes ``[start, end)`` of a corpus's text (after decompression), ending after a blank line, at a forced
+    cut (see ``MAX_DOCUMENT_BYTES``) or at the end of the corpus."""
+
+    index: int
+    start: int
+    end: int
+    data: bytes
+
+
+class CountingReader:
+    """A corpus opened for reading text, with the position in the file on disk (compressed bytes for xz), for
+    progress and time estimates."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.size = path.stat().st_size
+        self._raw = open(path, "rb")  # noqa: SIM115 - closed in close()
+        self._text: BinaryIO = (lzma.LZMAFile(self._raw) if path.suffix == ".xz"  # type: ignore[assignment]
+                                else self._raw)
+
+    def read(self, n: int) -> bytes:
+        return self._text.read(n)
+
+    def seek(self, offset: int) -> None:
+        """Go to byte ``offset`` of the text: instant for plain text; xz decompresses up to it (no other work)."""
+        self._text.seek(offset)
+
+    @property
+    def position(self) -> int:
+        """Bytes of the file on disk consumed so far."""
+        return self._raw.tell()
+
+    def close(self) -> None:
+        self._text.close()
+        self._raw.close()
+
+    def __enter__(self) -> CountingReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _cut(buf: bytearray, target: int, eof: bool) -> int | None:
+    """Where the chunk held at the start of ``buf`` ends (exclusive), or None when more text is needed."""
+    if len(buf) <= target:
+        return len(buf) if eof else None
+    found = [i + len(p) for p in _BLANK_LINES
+             if 0 <= (i := buf.find(p, target - 1, target + MAX_DOCUMENT_BYTES + len(p)))]
+    if found:
+        return min(found)
+    forced = buf.find(b"\n", target + MAX_DOCUMENT_BYTES)
+    if forced >= 0:
+        return forced + 1
+    if len(buf) < target + MAX_DOCUMENT_BYTES and not eof:
+        return None  # a blank line may still come
+    return len(buf) if eof else None
+
+
+def iter_raw_chunks(path: Path, target: int, start: int = 0, first_index: int = 0,
+                    reader: CountingReader | None = None) -> Iterator[RawChunk]:
+    """The corpus's text from byte ``start`` on, in chunks of about ``target`` bytes each ending after a blank line
+    (``_cut``); chunk boundaries depend only on the text from ``start``, so a run resumed at a chunk's end gives
+    the same chunks after it."""
+    own = reader is None
+    reader = reader or CountingReader(path)
+    try:
+        if start:
+            reader.seek(start)
+        buf, index, eof = bytearray(), first_index, False
+        while True:
+            if not eof:
+                block = reader.read(READ_BYTES)
+                eof = not block
+                buf += block
+            while buf and (end := _cut(buf, target, eof)) is not None:
+                with memoryview(buf) as view:
+                    data = bytes(view[:end])  # one copy
+                yield RawChunk(index, start, start + end, data)
+                del buf[:end]
+                index, start = index + 1, start + end
+            if eof and not buf:
+                return
+    except (lzma.LZMAError, EOFError) as e:
+        raise CorpusError(f"corpus {path} is not a readable xz file ({e}); re-download or decompress it") from e
+    except OSError as e:
+        raise CorpusError(f"cannot read corpus {path}: {e}") from e
+    finally:
+        if own:
+            reader.close()
+
+
+def decoded_lines(data: bytes, undecodable: Undecodable, first_line: int = 1) -> Iterator[str]:
+    """Decoded lines of a chunk; ``\\n``, ``\\r\\n`` and a lone ``\\r`` end a line, as in text mode."""
+    lines = data.split(b"\n")
+    if lines and not lines[-1]:
+        lines.pop()  # the chunk ends with a line end
+    for number, raw in enumerate(lines, first_line):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             text = undecodable.replace(raw, number)
         if "\r" in text:
-            yield from (text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")).split("\r")
+            yield from text.removesuffix("\r").split("\r")
         else:
             yield text
 
 
-def iter_documents(path: str | Path) -> Iterator[list[str]]:
-    """Documents as lists of stripped, non-empty lines. Raises CorpusError on unreadable or empty input;
-    warns (once per file) about lines that are not UTF-8."""
+def parse_documents(data: bytes, undecodable: Undecodable, first_line: int = 1) -> list[list[str]]:
+    """The documents of a chunk (lists of stripped, non-empty lines; a blank line ends one, and so does the end of
+    the chunk)."""
+    docs: list[list[str]] = []
+    doc: list[str] = []
+    for line in decoded_lines(data, undecodable, first_line):
+        line = line.strip()
+        if line:
+            doc.append(line)
+        elif doc:
+            docs.append(doc)
+            doc = []
+    if doc:
+        docs.append(doc)
+    return docs
+
+
+def iter_documents(path: str | Path, target: int = 4 * READ_BYTES) -> Iterator[list[str]]:
+    """Documents as lists of stripped, non-empty lines (read in chunks of about ``target`` bytes: memory stays
+    bounded whatever the corpus). Raises CorpusError on unreadable or empty input; warns (once per file) about
+    lines that are not UTF-8."""
     path = Path(path)
     if not path.is_file():
         raise CorpusError(f"corpus file not found: {path}")
-    n_docs = 0
-    doc: list[str] = []
-    undecodable = _Undecodable()
-    try:
-        with open_binary(path) as f:
-            for line in _lines(f, undecodable):
-                line = line.strip()
-                if line:
-                    doc.append(line)
-                elif doc:
-                    n_docs += 1
-                    yield doc
-                    doc = []
-            if doc:
-                n_docs += 1
-                yield doc
-    except (lzma.LZMAError, EOFError) as e:
-        raise CorpusError(f"corpus {path} is not a readable xz file ({e}); re-download or decompress it") from e
-    except OSError as e:
-        raise CorpusError(f"cannot read corpus {path}: {e}") from e
+    n_docs, line_no = 0, 1
+    undecodable = Undecodable()
+    for chunk in iter_raw_chunks(path, target):
+        docs = parse_documents(chunk.data, undecodable, line_no)
+        line_no += chunk.data.count(b"\n")
+        n_docs += len(docs)
+        yield from docs
     if n_docs == 0:
         raise CorpusError(f"corpus {path} is empty (no non-blank lines)")
     undecodable.warn(path)

@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
+from minimodel import atomic, signals
 from minimodel.config import ExperimentConfig
 from minimodel.data.corpus import check_text, find_corpus, iter_documents
-from minimodel.data.shards import check_writable, encode_corpus
-from minimodel.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError, train_tokenizer
+from minimodel.data.shards import check_writable, encode_corpus, workers_for
+from minimodel.data.tokenizer import (
+    SAMPLE_FILE,
+    AnyTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    TokenizerError,
+    train_tokenizer,
+)
 from minimodel.errors import UserError
 from minimodel.layout import Prepared, prepared
 from minimodel.locks import exclusive
@@ -43,7 +52,8 @@ def prepare_settings(cfg: ExperimentConfig, lang: str) -> dict:
     tokenizer = ({"tokenizer": paths.tokenizer} if paths.hf else
                  {"vocab_size": d.vocab_size, "spm_model_type": d.spm_model_type,
                   "spm_max_sentences": d.spm_max_sentences, "spm_character_coverage": d.spm_character_coverage})
-    return {"lang": lang, **corpus_id, **tokenizer, "shard_bytes": d.shard_bytes}
+    sample = {} if paths.hf else {"spm_sample_bytes": d.spm_sample_bytes}
+    return {"lang": lang, **corpus_id, **tokenizer, **sample, "shard_bytes": d.shard_bytes}
 
 
 def is_prepared(cfg: ExperimentConfig, lang: str) -> bool:
@@ -62,23 +72,32 @@ def load_prepared_tokenizer(cfg: ExperimentConfig, lang: str) -> AnyTokenizer:
     return HFTokenizer(paths.tokenizer) if paths.hf else Tokenizer(paths.tokenizer)
 
 
-def prepare_language(cfg: ExperimentConfig, lang: str, progress: bool = True) -> Prepared:
-    """Train the tokenizer (unless one exists or a Hugging Face one is given) and encode the corpus
-    (resuming where it stopped)."""
+def prepare_language(cfg: ExperimentConfig, lang: str, progress: bool = True,
+                     stop: Callable[[], str | None] = signals.requested) -> str:
+    """Train the tokenizer (unless one exists or a Hugging Face one is given) and encode the corpus (resuming where
+    it stopped), then write the language's ``done.json``. Returns "" when the language is prepared, or the name of
+    the stop signal (``stop()``: SLURM's USR1 before the time limit, SIGTERM) that stopped it at a safe point:
+    after drawing the tokenizer's sample (saved), after the tokenizer, or after the shards being encoded."""
     paths = prepared_paths(cfg, lang)
+    if is_prepared(cfg, lang):
+        log.info(f"prepare {lang}: finished with these settings ({paths.done}); skipping")
+        return ""
     corpus = find_corpus(cfg.data.corpus_dir, lang)
     check_text(corpus)  # binary data, UTF-16, ...: said before reading on to the first blank line
     next(iter_documents(corpus))  # fails clearly on a missing, empty or unreadable corpus
     directory = Path(cfg.data.prepared_dir) / lang
     if directory.is_dir() and not os.access(directory, os.W_OK):  # shared read-only data: nothing to lock
-        return _prepare(cfg, lang, paths, corpus, progress)
+        return _prepare(cfg, lang, paths, corpus, progress, stop)
     check_writable(directory)
     with exclusive(directory, f"prepare {lang}"):  # one writer of a language's tokenizer and shards
-        return _prepare(cfg, lang, paths, corpus, progress)
+        return _prepare(cfg, lang, paths, corpus, progress, stop)
 
 
-def _prepare(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path, progress: bool) -> Prepared:
-    tok: Tokenizer | HFTokenizer
+def _prepare(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path, progress: bool,
+             stop: Callable[[], str | None]) -> str:
+    d = cfg.data
+    workers = workers_for(d.encode_threads)
+    tok: Tokenizer | HFTokenizer | None
     if paths.hf:
         tok = HFTokenizer(paths.tokenizer)
         log.info(f"prepare {lang}: Hugging Face tokenizer {paths.tokenizer} ({tok.vocab_size} pieces, "
@@ -88,16 +107,33 @@ def _prepare(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path, pr
         log.info(f"prepare {lang}: tokenizer {paths.tokenizer} exists ({tok.vocab_size} pieces)")
     else:
         check_writable(Path(paths.tokenizer).parent)  # before the time spent training
-        log.info(f"prepare {lang}: training SentencePiece ({cfg.data.vocab_size} pieces) on {corpus}")
-        tok = train_tokenizer(corpus, Path(paths.tokenizer), cfg.data.vocab_size, cfg.data.spm_model_type,
-                              cfg.data.spm_max_sentences, cfg.data.spm_character_coverage, cfg.data.encode_threads)
-    if not paths.hf and tok.vocab_size != cfg.data.vocab_size:
+        log.info(f"prepare {lang}: training SentencePiece ({d.vocab_size} pieces) on {corpus}")
+        tok = train_tokenizer(corpus, Path(paths.tokenizer), d.vocab_size, d.spm_model_type, d.spm_max_sentences,
+                              d.spm_character_coverage, workers, sample_bytes=d.spm_sample_bytes, stop=stop)
+        if tok is None or stop():
+            sample = Path(paths.tokenizer).parent / SAMPLE_FILE
+            kept = ("the tokenizer" if tok is not None else f"the tokenizer's sample ({sample})" if sample.exists()
+                    else "nothing yet (the tokenizer's sample is drawn again: at most data.spm_sample_bytes of text)")
+            return _stopped(lang, stop, kept)
+    if not paths.hf and tok.vocab_size != d.vocab_size:
         raise TokenizerError(f"{paths.tokenizer} has {tok.vocab_size} pieces but data.vocab_size is "
-                             f"{cfg.data.vocab_size}; delete it to retrain, or set data.vocab_size={tok.vocab_size}")
-    manifest = encode_corpus(corpus, tok, paths.shards, cfg.data.shard_bytes, cfg.data.encode_threads, progress)
+                             f"{d.vocab_size}; delete it to retrain, or set data.vocab_size={tok.vocab_size}")
+    log.info(f"prepare {lang}: encoding {corpus} with {workers} process(es) (data.encode_threads="
+             f"{d.encode_threads}{': the CPUs this process may use' if d.encode_threads == 0 else ''})")
+    manifest = encode_corpus(corpus, tok, paths.shards, d.shard_bytes, workers, progress, stop, f"prepare {lang}")
+    if manifest.get("stopped"):
+        return _stopped(lang, stop, f"{len(manifest['shards'])} shard(s)")
     tokens = sum(e["tokens"] for e in manifest["shards"])
     log.info(f"prepare {lang}: {paths.shards}: {len(manifest['shards'])} shards, {tokens:,} tokens")
-    return paths
+    atomic.write_json(paths.done, {"settings": prepare_settings(cfg, lang), "tokenizer_sha256": tok.sha256,
+                                   "shards": len(manifest["shards"]), "tokens": tokens})
+    return ""
+
+
+def _stopped(lang: str, stop: Callable[[], str | None], kept: str) -> str:
+    reason = stop() or "a stop request"
+    log.warning(f"prepare {lang}: stopped on {reason} with {kept} saved; rerun the same command to go on from there")
+    return reason
 
 
 def load_source_tokenizer(cfg: ExperimentConfig, model: object | None = None, model_name: str = "",
