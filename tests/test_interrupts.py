@@ -47,14 +47,13 @@ ScheduledCheckpoints.on_train_batch_end = on_train_batch_end
 """
 
 IN_ENCODING = """
-import multiprocessing
 import minimodel.data.shards as shards
-_encode = shards.encode_documents
-def encode_documents(*args, **kwargs):  # in an encoding process (the parent gets Ctrl-C), or in the one process
-    parent = multiprocessing.parent_process()
-    os.kill(parent.pid if parent is not None else os.getpid(), signal.SIGINT)
-    return _encode(*args, **kwargs)
-shards.encode_documents = encode_documents
+_chunks = shards.iter_raw_chunks
+def iter_raw_chunks(*args, **kwargs):  # Ctrl-C while the main process reads the corpus for the encoding processes
+    for chunk in _chunks(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        yield chunk
+shards.iter_raw_chunks = iter_raw_chunks
 """
 
 

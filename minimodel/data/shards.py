@@ -163,6 +163,7 @@ def _worker(spec: tuple[str, str], out_dir: Path, tasks: Any, results: Any, pare
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGUSR2, _leave)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker (a Hugging Face tokenizer would use all)
     tok = _load_tokenizer(spec)
     while True:
         try:
@@ -184,6 +185,11 @@ def _worker(spec: tuple[str, str], out_dir: Path, tasks: Any, results: Any, pare
             return
 
 
+START_METHOD = "spawn"
+"""How worker processes start: fresh interpreters. A fork of a process with threads (a Hugging Face tokenizer's
+pool, wandb's, a tqdm monitor) copies locks those threads hold, and a worker can wait on one forever."""
+
+
 def _leave(signum: int, frame: Any) -> None:
     raise SystemExit(1)
 
@@ -194,8 +200,7 @@ class _Encoders:
     for forever."""
 
     def __init__(self, n: int, tok: AnyTokenizer, out_dir: Path) -> None:
-        methods = mp.get_all_start_methods()
-        ctx = mp.get_context("fork" if "fork" in methods else "spawn")
+        ctx = mp.get_context(START_METHOD)
         self.tasks, self.results = ctx.Queue(maxsize=n), ctx.Queue()
         args = (_tokenizer_spec(tok), out_dir, self.tasks, self.results, os.getpid())
         self.procs = [ctx.Process(target=_worker, args=args, daemon=True, name=f"encode-{i}") for i in range(n)]
@@ -235,7 +240,10 @@ class _Encoders:
             p.join()
 
     def kill(self) -> None:
-        """Stop every worker now: SIGUSR2 (it leaves at once, removing a half-written shard), SIGKILL after 10 s."""
+        """Stop every worker now: SIGUSR2 (it leaves at once, removing a half-written shard), SIGKILL after 10 s.
+        Pieces still queued for them are dropped (the queue's feeder thread must not keep this process alive)."""
+        for q in (self.tasks, self.results):
+            q.cancel_join_thread()
         for p in self.procs:
             if p.is_alive() and p.pid is not None:
                 os.kill(p.pid, signal.SIGUSR2)
