@@ -127,6 +127,9 @@ def main() -> None:
             row = {"size_gb": size, "format": corpus.suffix.lstrip("."), "file_gb": corpus.stat().st_size / 1e9}
             for phase in ("decode", "chunk", "sample"):
                 row[phase] = run_phase(phase, corpus, tok, work / "unused")
+            sample = row["sample"]  # it reads min(text, 2 GiB): its rate is of the text read, not of the lines kept
+            sample["lines_bytes"], sample["text_bytes"] = sample["text_bytes"], min(int(size * 1e9), 2 * 2**30)
+            sample["mb_s"] = sample["text_bytes"] / sample["seconds"] / 1e6
             for w in (int(x) for x in args.workers.split(",")):
                 out = work / f"shards-{corpus.name}-{w}"
                 subprocess.run(["rm", "-rf", str(out)], check=True)
