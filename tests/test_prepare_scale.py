@@ -136,6 +136,33 @@ def test_a_stop_signal_while_encoding_finishes_the_shards_under_way(tmp_path, pr
     assert (ours / "done.json").exists()
 
 
+@pytest.mark.slow
+def test_kill_9_while_encoding_then_the_rerun_ends_byte_identical(tmp_path, prepared, corpus_dir):
+    import subprocess
+    import sys
+    import time
+
+    args = prepare_args(tmp_path, corpus_dir, "data.shard_bytes=20000", "data.encode_threads=2", "--no-progress")
+    ours = tmp_path / "prepared" / "en"
+    ours.mkdir(parents=True)
+    (ours / "spm.model").write_bytes((prepared / "prepared" / "en" / "spm.model").read_bytes())
+    p = subprocess.Popen([sys.executable, "-m", "minimodel.cli", *args], cwd=ROOT, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None:
+        manifest = read_manifest(ours / "shards") if (ours / "shards" / "manifest.json").exists() else None
+        if manifest and len(manifest["shards"]) >= 3:
+            p.kill()  # SIGKILL: no handler runs; the workers die with it (PR_SET_PDEATHSIG)
+            break
+        time.sleep(0.05)
+    assert p.wait() == -9, "prepare ended before it could be killed"
+    assert not read_manifest(ours / "shards")["complete"]
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    reference = tmp_path / "reference"
+    encode_corpus(corpus_dir / "en.txt", Tokenizer(ours / "spm.model"), reference, 20_000, 1, progress=False)
+    assert tree(ours / "shards") == tree(reference) and atomic.leftovers(tmp_path) == []
+
+
 # ---- the tokenizer's sample ---------------------------------------------------------------------------------------
 
 def test_sample_windows_are_spread_over_the_file_and_bounded():

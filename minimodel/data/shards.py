@@ -163,6 +163,7 @@ def _worker(spec: tuple[str, str], out_dir: Path, tasks: Any, results: Any, pare
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGUSR2, _leave)
+    _die_with_parent()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker (a Hugging Face tokenizer would use all)
     tok = _load_tokenizer(spec)
     while True:
@@ -188,6 +189,17 @@ def _worker(spec: tuple[str, str], out_dir: Path, tasks: Any, results: Any, pare
 START_METHOD = "spawn"
 """How worker processes start: fresh interpreters. A fork of a process with threads (a Hugging Face tokenizer's
 pool, wandb's, a tqdm monitor) copies locks those threads hold, and a worker can wait on one forever."""
+
+
+def _die_with_parent() -> None:
+    """Linux: this process is killed when its parent dies (kill -9 included), so that no worker writes on after
+    it; elsewhere the worker notices within seconds (``os.getppid``)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
 
 
 def _leave(signum: int, frame: Any) -> None:
