@@ -1,5 +1,7 @@
+import logging
 import lzma
 import os
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -7,7 +9,7 @@ import pytest
 import torch
 
 from minimodel.data.corpus import CorpusError, find_corpus, iter_documents
-from minimodel.data.mlm import N_SPECIAL, MLMDataModule, ResumableSampler, mask_tokens
+from minimodel.data.mlm import N_SPECIAL, ORDER, MLMDataModule, ResumableSampler, mask_tokens
 from minimodel.data.prepare import prepared_paths
 from minimodel.data.shards import ShardError, TokenStream, encode_corpus, read_manifest
 from minimodel.data.tokenizer import BOS, EOS, MASK, Tokenizer, TokenizerError, train_tokenizer
@@ -137,11 +139,27 @@ def test_datamodule_resumes_with_the_exact_next_batch(prepared):
     it = iter(dm.train_dataloader())
     seen = [next(it) for _ in range(6)]  # 3 updates of 2 micro-batches
     resumed = make_dm(prepared)
-    resumed.load_state_dict({"consumed": 2 * 8})  # checkpoint after 2 updates
+    resumed.load_state_dict({**dm.state_dict(), "consumed": 2 * 8})  # checkpoint after 2 updates
     nxt = iter(resumed.train_dataloader())
     for expected in seen[4:]:
         got = next(nxt)
         assert torch.equal(got["input_ids"], expected["input_ids"]) and torch.equal(got["labels"], expected["labels"])
+
+
+def test_a_checkpoint_of_the_earlier_sample_order_resumes_with_a_warning(prepared, caplog):
+    dm = make_dm(prepared)
+    assert dm.state_dict()["order"] == ORDER
+    logger = logging.getLogger("minimodel")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.WARNING, logger="minimodel")
+    try:
+        dm.load_state_dict({"consumed": 16, "global_batch": 8})  # written before the order was saved
+        assert dm.consumed == 16 and "earlier sample order" in caplog.text
+        caplog.clear()
+        dm.load_state_dict(dm.state_dict())
+        assert not caplog.text
+    finally:
+        logger.removeHandler(caplog.handler)
 
 
 def test_ranks_see_disjoint_complete_slices_of_each_global_batch():
@@ -158,4 +176,17 @@ def test_epochs_reshuffle_and_remask(prepared):
     a, b = dm.train_set[0], dm.train_set[n]  # same position in two data epochs
     assert not torch.equal(a["labels"], b["labels"])
     order = sorted(dm.train_set.block_at(g) for g in range(n))
-    assert order == sorted(dm.train_set.blocks.tolist())  # one epoch visits every block once
+    assert order == list(dm.train_set.blocks)  # one epoch visits every block once
+    assert [dm.train_set.block_at(g) for g in range(n)] != [dm.train_set.block_at(g) for g in range(n, 2 * n)]
+
+
+def test_a_workers_dataset_pickles_small(prepared):
+    """What a DataLoader worker receives: the splits are ranges and the order a few round keys, not arrays of
+    block ids (8 bytes per block, ~1 GiB per worker at CC-100 English size)."""
+    dm = make_dm(prepared)
+    for ds in (dm.train_set, dm.val_set):
+        ds[len(ds) + 1]  # an order of a later epoch is cached
+        assert isinstance(ds.blocks, range)
+        assert len(pickle.dumps(ds)) < 16 * 1024
+        copy = pickle.loads(pickle.dumps(ds))
+        assert [copy.block_at(g) for g in range(2 * len(ds))] == [ds.block_at(g) for g in range(2 * len(ds))]
