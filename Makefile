@@ -36,7 +36,8 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev,hf]"
+	@# the editable install is meant (edits take effect at once): silence setuptools' notice about it
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e ".[dev,hf]"
 	@touch $@
 
 setup: $(BIN)/.installed

@@ -79,8 +79,10 @@ else:
     text = m["shards"][-1]["end"]
 import resource
 rss = lambda who: resource.getrusage(who).ru_maxrss / 1e6  # GB (Linux reports KB)
+cpu = lambda who: resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime  # CPU seconds
 print(json.dumps({{"seconds": time.perf_counter() - t0, "text_bytes": text, "peak_rss_gb": rss(resource.RUSAGE_SELF),
-                  "worker_peak_rss_gb": rss(resource.RUSAGE_CHILDREN)}}))
+                  "worker_peak_rss_gb": rss(resource.RUSAGE_CHILDREN), "cpu_main_s": cpu(resource.RUSAGE_SELF),
+                  "cpu_workers_s": cpu(resource.RUSAGE_CHILDREN)}}))
 '''
 
 
@@ -140,7 +142,7 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     extrapolation = extrapolate(rows, [int(c) for c in args.cpus.split(",")])
-    result = {"machine": f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}", "shard_bytes": SHARD,
+    result = {"machine": f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}, load {os.getloadavg()[0]:.1f} at the end", "shard_bytes": SHARD,
               "rows": rows, "extrapolation": extrapolation}
     print(json.dumps(extrapolation, indent=1))
     if args.out:
@@ -156,6 +158,32 @@ def extrapolate(rows: list[dict], cpus: list[int]) -> dict:
     sample_h = {lang: min(gb * 1e9, 2 * 2**30) / 1e6 / xz["sample"]["mb_s"] / 3600 for lang, gb in CC100_GB.items()}
     for n in cpus:
         rate = amdahl(rate_1, serial, ceiling, n)
+        hours = {lang: gb * 1e3 / rate / 3600 + sample_h[lang] for lang, gb in CC100_GB.items()}
+        out["cpus"][n] = {"encode_mb_s": rate, "hours": hours, "longest_h": max(hours.values()),
+                          "within_limit": max(hours.values()) < TIME_LIMIT_H}
+    out["cpu_time_model"] = cpu_time_model(xz, cpus, sample_h)
+    return out
+
+
+def cpu_time_model(row: dict, cpus: list[int], sample_h: dict[str, float]) -> dict:
+    """The same extrapolation from CPU seconds instead of wall seconds, which other load on the machine barely moves.
+
+    With W >= 2 the main process (reading, xz decoding, cutting, feeding) and the workers (encoding) are separate
+    processes, so their CPU seconds per MB of text split the work into its serial part ``m`` and its parallel part
+    ``w``. On ``n`` CPUs (``n`` workers beside the main process) the rate is at most ``1 / m`` (the main process on
+    one core) and at most ``n / (m + w)`` (every CPU busy): ``min(1 / m, n / (m + w))``. The parallel overhead is
+    the CPU work per MB with W workers over the one-process run's."""
+    many = max((int(k[6:]) for k in row if k.startswith("encode") and k[6:].isdigit()), default=1)
+    mb = row["encode1"]["text_bytes"] / 1e6
+    one, par = row["encode1"], row[f"encode{many}"]
+    if many < 2 or "cpu_main_s" not in par:
+        return {"skipped": "needs an encode run with 2 or more workers and CPU times"}
+    m, w = par["cpu_main_s"] / mb, par["cpu_workers_s"] / mb
+    out: dict = {"workers_measured": many, "main_cpu_s_per_mb": m, "worker_cpu_s_per_mb": w,
+                 "serial_fraction_cpu": m / (m + w), "serial_ceiling_mb_s": 1 / m,
+                 "parallel_overhead": (m + w) / ((one["cpu_main_s"] + one["cpu_workers_s"]) / mb), "cpus": {}}
+    for n in cpus:
+        rate = min(1 / m, n / (m + w))
         hours = {lang: gb * 1e3 / rate / 3600 + sample_h[lang] for lang, gb in CC100_GB.items()}
         out["cpus"][n] = {"encode_mb_s": rate, "hours": hours, "longest_h": max(hours.values()),
                           "within_limit": max(hours.values()) < TIME_LIMIT_H}

@@ -13,6 +13,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 PREFIX = "[minimodel]"
 _RANK_VARS = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "JSM_NAMESPACE_RANK")
@@ -78,6 +79,16 @@ def quiet_lightning() -> None:
 PROGRESS_EVERY_S = 30.0
 
 
+def bar_wanted(requested: bool, stream: Any = None) -> bool:
+    """A progress bar is drawn only on a terminal: in a file (a SLURM log, ``> log 2>&1``) tqdm's redraws become
+    one endless line, so there the long commands log a line every ``PROGRESS_EVERY_S`` seconds instead."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return requested and stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
 class Progress:
     """Progress of a long read of a file: a line every ``every`` seconds in the log (bytes read, MB/s, ETA: what a
     SLURM job's log shows, with or without ``--no-progress``) and, on a terminal, a tqdm bar.
@@ -93,7 +104,7 @@ class Progress:
         self.start = self.position = start
         self.text = 0
         self._bar = None
-        if bar:
+        if bar_wanted(bar):
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, initial=start, unit="B", unit_scale=True, desc=what, file=sys.stderr,
@@ -112,7 +123,7 @@ class Progress:
         elapsed = max(self.clock() - self.t0, 1e-9)
         rate = (self.position - self.start) / elapsed  # bytes of the file per second
         left = (self.total - self.position) / rate if rate > 0 else float("inf")
-        eta = "?" if left == float("inf") else _clock_time(left)
+        eta = "?" if left == float("inf") else clock_time(left)
         share = f"{self.position / self.total:.0%} of {_size(self.total)} on disk" if self.total else "?"
         return (f"{self.what}: {_size(self.text)} of text read ({share}), {self.text / elapsed / 1e6:.1f} MB/s of "
                 f"text, ETA {eta}{', ' + extra if extra else ''}")
@@ -130,6 +141,6 @@ def _size(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def _clock_time(seconds: float) -> str:
+def clock_time(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

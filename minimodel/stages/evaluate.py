@@ -34,7 +34,7 @@ from minimodel.layout import (
     read_done,
 )
 from minimodel.locks import exclusive
-from minimodel.log import get_logger
+from minimodel.log import PROGRESS_EVERY_S, bar_wanted, get_logger
 from minimodel.provenance import (
     check_inputs,
     check_producer,
@@ -259,10 +259,10 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
     started = time.perf_counter()
     if world > 1:
         log.info(f"process {rank} of {world}: {len(mine)} of them, on {device}")
-    bar = tqdm(total=len(mine), desc="evaluate", disable=not progress, dynamic_ncols=True, mininterval=0.5)
+    bar = tqdm(total=len(mine), desc="evaluate", disable=not bar_wanted(progress), dynamic_ncols=True, mininterval=0.5)
     loaded: tuple[str, int] | None = None
     body = head = data = None
-    written = 0
+    written, last_line = 0, started
     for task, seed, lang, path in mine:
         if stop.signal:
             log.warning(f"evaluate {r.label}: {stop.signal} received: stopping after {written} evaluations, "
@@ -303,6 +303,10 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
         wandb.log(table.append(rows))
         written += 1
         bar.update(1)
+        if bar.disable and time.perf_counter() - last_line >= PROGRESS_EVERY_S:  # a log file: a line now and then
+            last_line = time.perf_counter()
+            left = (last_line - started) / written * (len(mine) - written)
+            log.info(f"evaluate {r.label}: {written}/{len(mine)} evaluations, about {left:.0f} s left")
     bar.close()
     if written:
         took = time.perf_counter() - started

@@ -21,7 +21,7 @@ from minimodel.checkpoints import rng_state, set_rng_state
 from minimodel.errors import REQUEUE_EXIT
 from minimodel.flops import FlopSchedule, v100_days
 from minimodel.layout import LAST
-from minimodel.log import PREFIX, get_logger
+from minimodel.log import PREFIX, PROGRESS_EVERY_S, clock_time, get_logger
 
 log = get_logger(__name__)
 
@@ -183,6 +183,40 @@ class StageProgress(Callback):
             metrics["perf/flops_per_sec"] = rate * self.flops.rate(step - 1) / self.tokens_per_update
         self.t0, self.step0 = now, step
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
+
+
+class StageLines(Callback):
+    """Where no bar is drawn (a log file, ``--no-progress``): a line every ``every`` seconds and at the last update,
+    with the update count, the loss(es), tokens/s and an ETA, instead of a bar redrawn into one endless line."""
+
+    SHOWN = ("train/loss", "train/loss_mini", "perf/tokens_per_sec")
+
+    def __init__(self, stage: str, every: float = PROGRESS_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stage, self.every, self.clock = stage, every, clock
+        self.t0 = self.last = 0.0
+        self.step0 = 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.t0 = self.last = self.clock()
+        self.step0 = trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any) -> None:
+        step, now = trainer.global_step, self.clock()
+        if step == self.step0 or (now - self.last < self.every and step != trainer.max_steps):
+            return
+        self.last = now
+        log.info(self.line(step, trainer.max_steps, now, trainer.callback_metrics))
+
+    def line(self, step: int, total: int, now: float, metrics: dict) -> str:
+        parts = [f"{self.stage}: update {step:,}/{total:,} ({step / max(total, 1):.0%})"]
+        for key in self.SHOWN:
+            if key in metrics:
+                value = float(metrics[key])
+                parts.append(f"{value:,.0f} tok/s" if "tokens" in key else f"{key.split('/')[-1]} {value:.3f}")
+        done = step - self.step0
+        if done > 0 and total > step:
+            parts.append(f"ETA {clock_time((now - self.t0) / done * (total - step))}")
+        return ", ".join(parts)
 
 
 class StageBar(TQDMProgressBar):

@@ -8,6 +8,7 @@ Everything else is here, the same for every stage."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -32,7 +33,7 @@ from minimodel.layout import (
     write_done,
 )
 from minimodel.locks import exclusive
-from minimodel.log import get_logger, process_rank, quiet_lightning
+from minimodel.log import bar_wanted, get_logger, process_rank, quiet_lightning
 from minimodel.provenance import (
     check_inputs,
     check_producer,
@@ -42,7 +43,7 @@ from minimodel.provenance import (
     settings_of,
     weights_digest,
 )
-from minimodel.training.callbacks import ScheduledCheckpoints, StageBar, StageProgress
+from minimodel.training.callbacks import ScheduledCheckpoints, StageBar, StageLines, StageProgress
 from minimodel.training.checkpoint_io import AtomicCheckpointIO
 from minimodel.training.device import check_precision, compile_layers
 from minimodel.training.loggers import drop_stop_rows, make_loggers, truncate_metrics
@@ -123,8 +124,8 @@ def make_trainer(cfg: ExperimentConfig, stage: Stage, training: Training, callba
                  progress_bar: bool) -> L.Trainer:
     t, o = training.trainer, training.optim
     accum = accumulation(o, world_size(t))
-    if progress_bar:
-        callbacks = [*callbacks, StageBar(stage.name)]
+    bar = bar_wanted(progress_bar, sys.stdout)  # StageBar draws on stdout
+    callbacks = [*callbacks, StageBar(stage.name) if bar else StageLines(stage.name)]
     return L.Trainer(
         accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
         precision=t.precision, max_steps=o.updates, max_epochs=-1,
@@ -133,7 +134,7 @@ def make_trainer(cfg: ExperimentConfig, stage: Stage, training: Training, callba
         limit_val_batches=t.val_batches or 1.0, num_sanity_val_steps=0,
         log_every_n_steps=t.log_every,  # counted in optimiser updates
         logger=make_loggers(cfg, stage.run_dir, f"{cfg.system}/{stage.name}"),
-        callbacks=callbacks, enable_progress_bar=progress_bar, enable_checkpointing=False,
+        callbacks=callbacks, enable_progress_bar=bar, enable_checkpointing=False,
         enable_model_summary=False, use_distributed_sampler=False, plugins=trainer_plugins(),
         default_root_dir=str(stage.run_dir), deterministic=False, benchmark=False,
     )
