@@ -1,4 +1,4 @@
-"""Ctrl-C (issue 25, part 3): one policy, documented in errors.py and the README.
+"""Ctrl-C (issue 25, part 3): one policy, documented in errors.py and docs/running.md (exit codes, Ctrl-C).
 
 A training stage takes the first SIGINT like SIGTERM (finish the update, checkpoint, exit 3) and a second one as
 "stop now" (exit 130, the last checkpoint kept); prepare, evaluate and every other command stop at once with

@@ -1,6 +1,6 @@
-"""A user's own task, as the README's "Your own task" runs it: a CSV task with its own column names, imbalanced,
-in a new experiment that extends another and reuses its models (models_from); metrics beyond accuracy, saved
-predictions, and a report with the task's baselines."""
+"""A user's own task, as docs/own-task.md (once the README's "Your own task") runs it: a CSV task with its own
+column names, imbalanced, in a new experiment that extends another and reuses its models (models_from); metrics
+beyond accuracy, saved predictions, and a report with the task's baselines."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.slow
 
 def write_task(root: Path) -> Path:
-    """The README's example task (scripts/make_example_task.py): 'is this paragraph about Calc?', columns passage /
-    about_calc, 80% 'no'; 300 training and 120 test examples per language."""
+    """docs/own-task.md's example task (scripts/make_example_task.py): 'is this paragraph about Calc?', columns
+    passage / about_calc, 80% 'no'; 300 training and 120 test examples per language."""
     subprocess.run([sys.executable, str(ROOT / "scripts" / "make_example_task.py"), str(root), "--train", "300",
                     "--test", "120"], check=True, capture_output=True)
     return root

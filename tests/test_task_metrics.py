@@ -122,7 +122,7 @@ def test_the_main_metric_drives_targets():
 
 
 def test_a_report_of_several_tasks_keeps_each_tasks_baselines(tmp_path, capsys):
-    """Results of two local tasks (the bundled one and the README's example) in one experiment: the report gives
+    """Results of two local tasks (the bundled one and docs/own-task.md's example) in one experiment: the report gives
     each its own majority-class baseline and main metric, also for a task no longer in finetune.tasks."""
     import json
     import subprocess
