@@ -4,7 +4,7 @@
 
 From the bundled LibreOffice-help task it makes a binary, imbalanced task in CSV files with column names of
 their own: "is this paragraph about Calc?" (``passage``, ``about_calc`` = yes / no, 80% no), with train.csv,
-dev.csv and test.{en,de,tr}.csv (the test pages' translations). README, "Your own task", runs it."""
+dev.csv and test.{en,de,tr}.csv (the test pages' translations). docs/own-task.md runs it."""
 
 from __future__ import annotations
 
