@@ -22,9 +22,9 @@ from typing import Any
 import common
 
 from minimodel.data.corpus import iter_documents
+from minimodel.data.encode import encode_corpus
 from minimodel.data.mlm import MLMDataModule
-from minimodel.data.shards import encode_corpus
-from minimodel.data.tokenizer import train_tokenizer
+from minimodel.data.spm_training import train_tokenizer
 
 TARGET = 5.0  # loader tokens/s >= 5 x the training update's
 CORPUS = common.ROOT / "data" / "demo" / "corpus" / "en.txt.xz"

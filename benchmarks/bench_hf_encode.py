@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from minimodel.data.corpus import iter_documents  # noqa: E402
-from minimodel.data.tokenizer import HFTokenizer, train_tokenizer  # noqa: E402
+from minimodel.data.spm_training import train_tokenizer  # noqa: E402
+from minimodel.data.tokenizer import HFTokenizer  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "demo" / "corpus" / "en.txt.xz"
 

@@ -69,11 +69,11 @@ elif phase == "chunk":
     for c in iter_raw_chunks(corpus, {shard}):
         text += len(c.data)
 elif phase == "sample":
-    from minimodel.data.tokenizer import _sample_lines
+    from minimodel.data.spm_sample import _sample_lines
     lines = _sample_lines(corpus, 10_000_000, 1, 2 * 2**30)
     text = sum(len(x.encode()) + 1 for x in lines)
 else:
-    from minimodel.data.shards import encode_corpus
+    from minimodel.data.encode import encode_corpus
     from minimodel.data.tokenizer import Tokenizer
     m = encode_corpus(corpus, Tokenizer(tok_path), out, {shard}, workers, progress=False)
     text = m["shards"][-1]["end"]
@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--dir", default="", help="where to build the corpora (default: a temporary directory)")
     args = ap.parse_args()
-    from minimodel.data.tokenizer import train_tokenizer
+    from minimodel.data.spm_training import train_tokenizer
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench_prepare_"))
     work.mkdir(parents=True, exist_ok=True)

@@ -425,7 +425,7 @@ def test_a_duplicated_column_in_a_task_file_is_refused_naming_file_and_column(tm
 
 
 def test_a_json_key_repeated_in_one_record_is_refused(tmp_path):
-    from minimodel.data.tasks import LocalClassificationTask
+    from minimodel.data.task_files import LocalClassificationTask
     from minimodel.errors import TaskDataError
 
     good = '{"id": "a", "text": "x", "label": "pos"}\n{"id": "b", "text": "y", "label": "neg"}\n'
@@ -447,7 +447,7 @@ def test_a_parquet_file_with_a_repeated_column_is_refused(tmp_path):  # (pyarrow
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    from minimodel.data.tasks import read_records
+    from minimodel.data.task_files import read_records
     from minimodel.errors import TaskDataError
 
     path = tmp_path / "test.de.parquet"

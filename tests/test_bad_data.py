@@ -17,10 +17,14 @@ import pytest
 from minimodel.cli import main
 from minimodel.config import TaskConfig
 from minimodel.data.corpus import CorpusError, iter_documents
+from minimodel.data.hub_tasks import load_task_split
 from minimodel.data.prepare import prepare_language
 from minimodel.data.shards import ShardError
-from minimodel.data.tasks import LocalClassificationTask, TaskData, load_task_split
-from minimodel.data.tokenizer import MAX_SENTENCE_BYTES, TokenizerError, train_tokenizer
+from minimodel.data.spm_sample import MAX_SENTENCE_BYTES
+from minimodel.data.spm_training import train_tokenizer
+from minimodel.data.task_files import LocalClassificationTask
+from minimodel.data.tasks import TaskData
+from minimodel.data.tokenizer import TokenizerError
 from minimodel.errors import TaskDataError, UserError
 from tests.conftest import ROOT, real_text, tiny_config
 

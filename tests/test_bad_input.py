@@ -11,8 +11,8 @@ import torch
 
 from minimodel.checkpoints import Adaptation, load_checkpoint
 from minimodel.cli import main
+from minimodel.data.encode import encode_corpus
 from minimodel.data.prepare import load_source_tokenizer
-from minimodel.data.shards import encode_corpus
 from minimodel.data.tokenizer import Tokenizer, TokenizerError
 from minimodel.errors import NonFiniteLossError, WriteError
 from minimodel.model import RobertaMLM

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from minimodel.data.corpus import CorpusError, find_corpus, iter_documents
+from minimodel.data.encode import encode_corpus
 from minimodel.data.mlm import N_SPECIAL, ORDER, MLMDataModule, ResumableSampler, mask_tokens
 from minimodel.data.prepare import prepared_paths
-from minimodel.data.shards import ShardError, TokenStream, encode_corpus, read_manifest
-from minimodel.data.tokenizer import BOS, EOS, MASK, Tokenizer, TokenizerError, train_tokenizer
+from minimodel.data.shards import ShardError, TokenStream, read_manifest
+from minimodel.data.spm_training import train_tokenizer
+from minimodel.data.tokenizer import BOS, EOS, MASK, Tokenizer, TokenizerError
 from minimodel.model import IGNORE_INDEX
 from tests.conftest import tiny_config
 

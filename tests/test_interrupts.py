@@ -47,13 +47,13 @@ ScheduledCheckpoints.on_train_batch_end = on_train_batch_end
 """
 
 IN_ENCODING = """
-import minimodel.data.shards as shards
-_chunks = shards.iter_raw_chunks
+import minimodel.data.encode as encode
+_chunks = encode.iter_raw_chunks
 def iter_raw_chunks(*args, **kwargs):  # Ctrl-C while the main process reads the corpus for the encoding processes
     for chunk in _chunks(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)
         yield chunk
-shards.iter_raw_chunks = iter_raw_chunks
+encode.iter_raw_chunks = iter_raw_chunks
 """
 
 

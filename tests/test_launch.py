@@ -14,16 +14,10 @@ from pathlib import Path
 import pytest
 
 from minimodel.config import load_config
-from minimodel.launch import (
-    LauncherConfigError,
-    SubmitError,
-    launcher_path,
-    load_launcher,
-    safe_name,
-    sbatch_script,
-    submit,
-)
+from minimodel.launch import submit
+from minimodel.launcher import LauncherConfigError, launcher_path, load_launcher
 from minimodel.pipeline import Step, plan
+from minimodel.sbatch import SubmitError, safe_name, sbatch_script
 from tests.conftest import ROOT
 
 MINIJOINT = str(ROOT / "experiments" / "minijoint.yaml")

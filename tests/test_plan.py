@@ -48,7 +48,7 @@ def test_submit_warns_but_submits(tmp_path, capsys):
 
 
 def test_launchers_state_their_card(tmp_path):
-    from minimodel.launch import LauncherConfigError, launcher_path, load_launcher
+    from minimodel.launcher import LauncherConfigError, launcher_path, load_launcher
 
     exp = ROOT / "experiments" / "minijoint.yaml"
     cards = {name: load_launcher(launcher_path(name, exp)).gpu_memory_gib for name in ("a100", "h100", "v100", "local")}

@@ -15,10 +15,13 @@ from minimodel import atomic
 from minimodel import log as logs
 from minimodel.cli import main
 from minimodel.config import ConfigError, load_config
-from minimodel.data import tokenizer as tokenizer_module
+from minimodel.data import spm_sample, spm_training
 from minimodel.data.corpus import MAX_DOCUMENT_BYTES, READ_BYTES, iter_documents, iter_raw_chunks
-from minimodel.data.shards import TokenStream, encode_corpus, encode_documents, read_manifest, workers_for
-from minimodel.data.tokenizer import Tokenizer, large_corpus_mode, sample_windows, train_tokenizer
+from minimodel.data.encode import encode_corpus, encode_documents, workers_for
+from minimodel.data.shards import TokenStream, read_manifest
+from minimodel.data.spm_sample import sample_windows
+from minimodel.data.spm_training import large_corpus_mode, train_tokenizer
+from minimodel.data.tokenizer import Tokenizer
 from tests.conftest import ROOT, real_text, tiny_overrides
 from tests.test_interrupts import cli, driven
 
@@ -59,7 +62,7 @@ def test_shards_are_the_same_with_one_or_three_processes(tmp_path, prepared, cor
 
 USR1_SELF = "os.kill(os.getpid(), signal.SIGUSR1)"
 IN_SAMPLING = f"""
-import minimodel.data.tokenizer as t
+import minimodel.data.spm_sample as t
 _lines = t.decoded_lines
 def decoded_lines(*args, **kwargs):
     {USR1_SELF}
@@ -67,7 +70,7 @@ def decoded_lines(*args, **kwargs):
 t.decoded_lines = decoded_lines
 """
 AFTER_SAMPLE = f"""
-import minimodel.data.tokenizer as t
+import minimodel.data.spm_training as t
 _sample = t.tokenizer_sample
 def tokenizer_sample(*args, **kwargs):
     lines = _sample(*args, **kwargs)
@@ -76,7 +79,7 @@ def tokenizer_sample(*args, **kwargs):
 t.tokenizer_sample = tokenizer_sample
 """
 IN_ENCODING = """
-import minimodel.data.shards as s
+import minimodel.data.encode as s
 _chunks = s.iter_raw_chunks
 def iter_raw_chunks(*args, **kwargs):  # the main process reads piece 2: SLURM's signal comes then
     for chunk in _chunks(*args, **kwargs):
@@ -174,11 +177,11 @@ def test_sample_windows_are_spread_over_the_file_and_bounded():
 
 
 def test_a_plain_corpus_larger_than_the_budget_is_sampled_from_end_to_end(tmp_path, monkeypatch):
-    monkeypatch.setattr(tokenizer_module, "MIN_WINDOW_BYTES", 4096)
+    monkeypatch.setattr(spm_sample, "MIN_WINDOW_BYTES", 4096)
     corpus = tmp_path / "xx.txt"
     corpus.write_text("".join(f"line {i:06d} of the corpus, some words to pad it out\n" for i in range(60_000)))
     size = corpus.stat().st_size  # ~3.4 MB
-    lines = tokenizer_module._sample_lines(corpus, 10**9, seed=1, budget=size // 20)
+    lines = spm_sample._sample_lines(corpus, 10**9, seed=1, budget=size // 20)
     numbers = sorted(int(line.split()[1]) for line in lines)
     assert len(lines) < 60_000 // 15  # about a twentieth was read
     assert numbers[0] < 3_000 and numbers[-1] > 57_000  # from the start to the end, not a prefix
@@ -191,18 +194,18 @@ def test_the_large_corpus_switch_is_taken_above_the_32_bit_limit(tmp_path, monke
     assert large_corpus_mode(2_100_000_000, 10**7)  # 10M lines of 210 characters: over the limit
     assert large_corpus_mode(int(0.98 * limit) + 1, 0) and not large_corpus_mode(int(0.97 * limit), 0)
     seen: list[bool] = []
-    real = tokenizer_module.spm.SentencePieceTrainer.train
+    real = spm_training.spm.SentencePieceTrainer.train
 
     def spy(**kwargs):
         seen.append(kwargs["train_extremely_large_corpus"])
         return real(**kwargs)
 
-    monkeypatch.setattr(tokenizer_module.spm.SentencePieceTrainer, "train", spy)
+    monkeypatch.setattr(spm_training.spm.SentencePieceTrainer, "train", spy)
     corpus = tmp_path / "xx.txt"
     corpus.write_text(real_text("en", 60_000), encoding="utf-8")
     logs.setup()
     train_tokenizer(corpus, tmp_path / "a.model", 300)
-    monkeypatch.setattr(tokenizer_module, "SPM_INDEX_LIMIT", 20_000)  # a sample of 60 KB is then "too large"
+    monkeypatch.setattr(spm_training, "SPM_INDEX_LIMIT", 20_000)  # a sample of 60 KB is then "too large"
     train_tokenizer(corpus, tmp_path / "b.model", 300)
     assert seen == [False, True]
     err = capsys.readouterr().err
@@ -288,7 +291,7 @@ def test_a_full_disk_in_an_encoding_process_is_exit_2_and_the_rerun_goes_on(tmp_
         real(fd, path)
 
     monkeypatch.setattr(atomic, "_durable", durable)
-    monkeypatch.setattr("minimodel.data.shards.START_METHOD", "fork")  # so that the workers inherit the fault
+    monkeypatch.setattr("minimodel.data.encode.START_METHOD", "fork")  # so that the workers inherit the fault
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"prepare: error: writing {ours / 'shards' / 'shard_00003.npy'}: no space left on device" in err

@@ -10,20 +10,19 @@ import pytest
 import torch
 from torch.nn.functional import one_hot
 
-from minimodel.data.tasks import (
-    TASKS,
-    LocalClassificationTask,
+from minimodel.data.hub_tasks import TASKS, get_task, load_task_split
+from minimodel.data.spm_training import train_tokenizer
+from minimodel.data.task_features import (
     decode_spans,
     encode_classification,
     encode_qa,
     encode_with_offsets,
     feature_rows,
-    get_task,
-    load_task_split,
     pad_collate,
     truncate_pair,
 )
-from minimodel.data.tokenizer import BOS, EOS, PAD, Tokenizer, train_tokenizer
+from minimodel.data.task_files import LocalClassificationTask
+from minimodel.data.tokenizer import BOS, EOS, PAD, Tokenizer
 from minimodel.metrics import squad_scores
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tasks"

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from minimodel.data.tasks import TaskData, decode_spans, pad_collate
+from minimodel.data.task_features import decode_spans, pad_collate
+from minimodel.data.tasks import TaskData
 from minimodel.metrics import MLQA_ARTICLES, classification_scores, mlqa_scores, squad_scores
 from minimodel.model import RobertaMLM
 from minimodel.training.device import autocast_dtype

@@ -16,15 +16,11 @@ from pathlib import Path
 from minimodel import atomic, signals
 from minimodel.config import ExperimentConfig
 from minimodel.data.corpus import check_text, find_corpus, iter_documents
-from minimodel.data.shards import check_writable, encode_corpus, workers_for
-from minimodel.data.tokenizer import (
-    SAMPLE_FILE,
-    AnyTokenizer,
-    HFTokenizer,
-    Tokenizer,
-    TokenizerError,
-    train_tokenizer,
-)
+from minimodel.data.encode import encode_corpus, workers_for
+from minimodel.data.shards import check_writable
+from minimodel.data.spm_sample import SAMPLE_FILE
+from minimodel.data.spm_training import train_tokenizer
+from minimodel.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError
 from minimodel.errors import UserError
 from minimodel.layout import Prepared, prepared
 from minimodel.locks import exclusive

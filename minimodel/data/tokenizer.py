@@ -1,5 +1,5 @@
-"""Tokenizers: a SentencePiece model per language (trained by `minimodel prepare`), and, for the
-source language only, a Hugging Face tokenizer when the primary model is a public checkpoint
+"""Tokenizers: a SentencePiece model per language (trained by `minimodel prepare`: ``data.spm_training``), and,
+for the source language only, a Hugging Face tokenizer when the primary model is a public checkpoint
 (``data.source_tokenizer``, e.g. MiniPost from ``roberta-base`` or ``xlm-roberta-base``).
 
 Both kinds offer the same small interface: ``encode``, ``encode_one``, ``encode_with_offsets``,
@@ -12,29 +12,21 @@ overlap initialisation of footnote 1).
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import random
-import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import sentencepiece as spm
 
-from minimodel import atomic
-from minimodel.data.corpus import CorpusError, Undecodable, decoded_lines, iter_raw_chunks
 from minimodel.errors import UserError
-from minimodel.log import get_logger
 
 # fairseq / RoBERTa order for the first four; <mask> right after them.
 BOS, PAD, EOS, UNK, MASK = 0, 1, 2, 3, 4
 SPECIALS = {"<s>": BOS, "<pad>": PAD, "</s>": EOS, "<unk>": UNK, "<mask>": MASK}
 WORD_START = "\u2581"  # SentencePiece's "▁": the piece starts a new word
-
-log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -269,209 +261,3 @@ def load_tokenizer(ref: str | Path) -> Tokenizer | HFTokenizer:
     if ref.endswith(".model") or Path(ref).is_file():
         return Tokenizer(ref)
     return HFTokenizer(ref)
-
-
-MAX_SENTENCE_BYTES = 1 << 16  # SentencePiece's max_sentence_length: training skips longer lines
-
-
-SAMPLE_WINDOWS = 1024  # a plain corpus larger than data.spm_sample_bytes is sampled in this many windows at most
-MIN_WINDOW_BYTES = 1 << 20
-SPM_INDEX_LIMIT = 2**31 - 1
-"""SentencePiece's trainer indexes the characters of its sample (one more per line: a separator, and one for the
-word-start mark of the first word) with 32-bit integers and aborts above this unless it runs in its
-large-corpus mode (``train_extremely_large_corpus``: 64-bit indices, more memory)."""
-LARGE_CORPUS_MARGIN = 0.98  # switch a little below the limit: normalisation (NFKC) can lengthen the text
-SAMPLE_FILE = "spm_sample.txt"
-
-
-def large_corpus_mode(chars: int, lines: int) -> bool:
-    """Whether SentencePiece must train in its large-corpus mode on a sample of ``lines`` lines holding ``chars``
-    characters (``SPM_INDEX_LIMIT``)."""
-    return chars + 2 * lines >= LARGE_CORPUS_MARGIN * SPM_INDEX_LIMIT
-
-
-def sample_windows(size: int, budget: int) -> list[tuple[int, int]]:
-    """Byte ranges of a plain corpus of ``size`` bytes to draw the tokenizer's sample from: the whole file when it
-    is at most ``budget``, else windows of equal size, ``budget`` bytes in all, spread evenly from start to end."""
-    if size <= budget:
-        return [(0, size)]
-    k = max(1, min(SAMPLE_WINDOWS, budget // MIN_WINDOW_BYTES))
-    width = budget // k
-    step = (size - width) / (k - 1) if k > 1 else 0.0
-    return [(round(i * step), round(i * step) + width) for i in range(k)]
-
-
-def _window_texts(corpus: Path, budget: int, stop: Callable[[], str | None]) -> Iterator[bytes]:
-    """The text to sample from, in pieces that end at line ends (whole lines only)."""
-    size = corpus.stat().st_size
-    if corpus.suffix == ".xz" or size <= budget:
-        read = 0
-        for chunk in iter_raw_chunks(corpus, 32 << 20):
-            if stop() or read >= budget:
-                return
-            read += len(chunk.data)
-            yield chunk.data
-        return
-    with open(corpus, "rb") as f:
-        for start, end in sample_windows(size, budget):
-            if stop():
-                return
-            f.seek(start)
-            data = f.read(end - start)
-            if start:  # a window starts at the beginning of its first whole line
-                data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
-            yield data + f.readline()  # and ends at the end of its last
-
-
-def _sample_lines(corpus: Path, max_sentences: int, seed: int, budget: int = 2**62,
-                  stop: Callable[[], str | None] = lambda: None) -> list[str] | None:
-    """Reservoir-sample at most ``max_sentences`` lines among those SentencePiece trains on (at most
-    ``MAX_SENTENCE_BYTES``), from at most ``budget`` bytes of text (``sample_windows``; the whole corpus, in order,
-    when it is no larger). Warns about the longer lines, fails if no line is left; None when ``stop()`` asked."""
-    rng = random.Random(seed)
-    reservoir: list[str] = []
-    n_long = i = 0
-    undecodable = Undecodable()
-    for data in _window_texts(corpus, budget, stop):
-        for line in decoded_lines(data, undecodable):
-            line = line.strip()
-            if not line:
-                continue
-            if len(line) * 4 > MAX_SENTENCE_BYTES and len(line.encode("utf-8")) > MAX_SENTENCE_BYTES:
-                n_long += 1
-                continue
-            if i < max_sentences:
-                reservoir.append(line)
-            else:
-                j = rng.randint(0, i)
-                if j < max_sentences:
-                    reservoir[j] = line
-            i += 1
-    if stop():
-        return None
-    if not reservoir and not n_long:
-        raise CorpusError(f"corpus {corpus} is empty (no non-blank lines)")
-    if n_long and not reservoir:
-        raise CorpusError(f"corpus {corpus} has no line to train the tokenizer on: SentencePiece skips lines over "
-                          f"{MAX_SENTENCE_BYTES:,} bytes (its max_sentence_length) and every line here ({n_long:,}) "
-                          f"is longer; put one sentence or paragraph per line")
-    if n_long:
-        log.warning(f"corpus {corpus}: {n_long:,} line(s) over {MAX_SENTENCE_BYTES:,} bytes (SentencePiece's "
-                    f"max_sentence_length) are skipped in tokenizer training (they are still encoded); "
-                    f"a corpus holds one sentence or paragraph per line")
-    return reservoir
-
-
-def _sample_key(corpus: Path, max_sentences: int, budget: int, seed: int) -> dict:
-    return {"corpus": corpus.name, "corpus_bytes": corpus.stat().st_size, "max_sentences": max_sentences,
-            "sample_bytes": budget, "seed": seed}
-
-
-def _read_sample(path: Path, key: dict) -> list[str] | None:
-    """The saved sample at ``path`` when it was drawn with ``key``'s settings, else None."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            header = json.loads(f.readline().removeprefix(_SAMPLE_HEADER))
-            if header.get("key") != key:
-                return None
-            lines = f.read().split("\n")
-    except (OSError, ValueError, AttributeError):
-        return None
-    lines = lines[:-1] if lines and lines[-1] == "" else lines
-    return lines if len(lines) == header.get("lines") else None
-
-
-_SAMPLE_HEADER = "#minimodel-tokenizer-sample "
-
-
-def tokenizer_sample(corpus: Path, sample_path: Path, max_sentences: int, budget: int, seed: int = 1,
-                     stop: Callable[[], str | None] = lambda: None) -> list[str] | None:
-    """The lines to train the tokenizer on: those saved in ``sample_path`` by an earlier run with the same
-    settings, or a new sample (``_sample_lines``), saved there before training. None when ``stop()`` asked."""
-    key = _sample_key(corpus, max_sentences, budget, seed)
-    lines = _read_sample(sample_path, key)
-    if lines is not None:
-        log.info(f"tokenizer sample: {len(lines):,} lines from {sample_path} (drawn by an earlier run)")
-        return lines
-    size = corpus.stat().st_size
-    if corpus.suffix == ".xz" and size > budget // 8:  # (xz holds about 4-8 bytes of text per byte)
-        how = (f"from the first {budget / 1e9:.1f} GB of text at most (an xz file cannot be read from an offset "
-               f"without decompressing up to it; decompress the corpus to sample windows spread over all of it)")
-    elif size > budget:
-        how = f"from {budget / 1e9:.1f} GB read in {len(sample_windows(size, budget))} windows spread over the file"
-    else:
-        how = "from the whole corpus"
-    log.info(f"tokenizer sample: drawing at most {max_sentences:,} lines of {corpus} {how}")
-    lines = _sample_lines(corpus, max_sentences, seed, budget, stop)
-    if lines is None:
-        return None
-    header = json.dumps({"key": key, "lines": len(lines)})
-    atomic.write_text(sample_path, _SAMPLE_HEADER + header + "\n" + "".join(line + "\n" for line in lines))
-    return lines
-
-
-def _training_error(corpus: Path, vocab_size: int, message: str) -> TokenizerError:
-    """SentencePiece's failure, said in terms of the corpus and ``data.vocab_size``."""
-    message = message.strip()
-    too_few = re.search(r"smaller than required_chars\. \d+ vs (\d+)", message)
-    if too_few:
-        return TokenizerError(
-            f"data.vocab_size={vocab_size} is below the {too_few[1]} pieces SentencePiece needs for {corpus} "
-            f"(the {len(SPECIALS)} special pieces and one per character covering data.spm_character_coverage of "
-            f"the text): set data.vocab_size to at least {too_few[1]}"
-        )
-    too_many = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", message)
-    if too_many:
-        return TokenizerError(
-            f"corpus {corpus} is too small for a vocabulary of {vocab_size} pieces (SentencePiece finds at most "
-            f"{too_many[1]} in it): lower data.vocab_size to at most {too_many[1]}, or use a larger corpus"
-        )
-    return TokenizerError(f"SentencePiece training on {corpus} failed: {message}")
-
-
-def train_tokenizer(
-    corpus: Path,
-    out_path: Path,
-    vocab_size: int,
-    model_type: str = "unigram",
-    max_sentences: int = 10_000_000,
-    character_coverage: float = 0.9995,
-    threads: int = 2,
-    seed: int = 1,
-    sample_bytes: int = 2**62,
-    stop: Callable[[], str | None] = lambda: None,
-) -> Tokenizer | None:
-    """Train a SentencePiece model on a sample of ``corpus`` (``tokenizer_sample``, kept beside ``out_path``
-    until the model is written) and write it atomically to ``out_path``. None when ``stop()`` asked before
-    training began (the sample, if drawn, is kept for the next run)."""
-    sample_path = Path(out_path).parent / SAMPLE_FILE
-    lines = tokenizer_sample(corpus, sample_path, max_sentences, sample_bytes, seed, stop)
-    if lines is None or stop():
-        return None
-    chars = sum(map(len, lines))
-    large = large_corpus_mode(chars, len(lines))
-    log.info(f"tokenizer sample: {len(lines):,} lines, {chars:,} characters: SentencePiece trains "
-             + ("in its large-corpus mode (64-bit indices: the sample reaches its 32-bit limit of "
-                f"{SPM_INDEX_LIMIT:,} characters)" if large else
-                f"in its standard mode ({(chars + 2 * len(lines)) / SPM_INDEX_LIMIT:.1%} of its 32-bit index)")
-             + f", {threads} thread(s)")
-    model = io.BytesIO()
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(lines),
-            model_writer=model,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            bos_id=BOS, pad_id=PAD, eos_id=EOS, unk_id=UNK,
-            user_defined_symbols=["<mask>"],
-            num_threads=threads,
-            max_sentence_length=MAX_SENTENCE_BYTES,
-            train_extremely_large_corpus=large,
-            minloglevel=2,
-        )
-    except RuntimeError as e:
-        raise _training_error(corpus, vocab_size, str(e)) from e
-    atomic.write_bytes(out_path, model.getvalue())
-    sample_path.unlink(missing_ok=True)
-    return Tokenizer(out_path)

@@ -24,7 +24,8 @@ from minimodel.checkpoints import Adaptation, CheckpointError, Finetuned, load_a
 from minimodel.config import ConfigError, ExperimentConfig
 from minimodel.data.downstream import predict, prediction_rows, score
 from minimodel.data.prepare import load_prepared_tokenizer
-from minimodel.data.tasks import TaskData, has_split
+from minimodel.data.task_files import has_split
+from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import TaskDataError
 from minimodel.layout import (

@@ -29,7 +29,8 @@ from minimodel.config import ConfigError, ExperimentConfig, OptimConfig, check_t
 from minimodel.data.downstream import evaluate, task_head
 from minimodel.data.mlm import ResumableSampler
 from minimodel.data.prepare import load_source_tokenizer
-from minimodel.data.tasks import TaskData, pad_collate
+from minimodel.data.task_features import pad_collate
+from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import PAD
 from minimodel.errors import TaskDataError
 from minimodel.layout import finetuned_model, is_done, read_done

@@ -111,7 +111,7 @@ def world_size(t: TrainerConfig) -> int:
 
 def trainer_plugins() -> list[Any]:
     """Atomic checkpoint writes; under SLURM, Lightning's cluster environment with its auto-requeue off: the
-    sbatch script (``launch.py``) owns the signal and the requeue, one mechanism only."""
+    sbatch script (``sbatch.py``) owns the signal and the requeue, one mechanism only."""
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
     plugins: list[Any] = [AtomicCheckpointIO()]

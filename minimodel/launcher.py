@@ -1,0 +1,156 @@
+"""Launcher files: the cluster resources of `minimodel submit`'s jobs, and the memory plan on their GPUs.
+
+Cluster resources live in launcher files, apart from the hyperparameters: ``conf/launcher/{name}.yaml``
+(``local``, ``v100``, ``a100``, ``h100``; or any YAML given by path) sets the partition, account, QoS,
+and per stage (prepare | pretrain | bridge | adapt | finetune | evaluate | report) the time limit,
+nodes, GPUs per node, CPUs per task and memory. Edit or copy them for your cluster.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from minimodel.config import ConfigError, find_conf_dir, load_config, load_structured
+from minimodel.memory import PlanRow, misfits, plan_rows
+from minimodel.pipeline import variants
+
+TRAINING_STAGES = ("pretrain", "bridge", "adapt")  # may span several GPUs / nodes (srun + DDP)
+TRAINER_STAGES = ("pretrain", "bridge", "adapt", "finetune")  # stages with a `{stage}.trainer` config
+_TIME = re.compile(r"^(\d+-\d{1,2}(:\d{2}){0,2}|\d+:\d{2}(:\d{2})?)$")  # D-HH[:MM[:SS]] | [HH:]MM:SS
+
+
+class LauncherConfigError(ConfigError):
+    """A launcher file problem, naming the file and the key."""
+
+
+@dataclass
+class Resources:
+    """What one step's job asks for. Empty strings leave the option out (the cluster's default)."""
+
+    time: str = "04:00:00"  # --time, quoted: D-HH:MM:SS or HH:MM:SS
+    nodes: int = 1
+    gpus_per_node: int = 0  # 0 = CPU only; distributed steps run one task per GPU
+    cpus_per_task: int = 4
+    mem: str = ""  # --mem per node, e.g. 64G ("0" = all of the node's memory on most clusters)
+    partition: str = ""  # "" = the launcher's partition (e.g. a CPU partition for prepare)
+    qos: str = ""  # "" = the launcher's qos
+    constraint: str = ""  # "" = the launcher's constraint
+    extra_sbatch: list[str] = field(default_factory=list)  # after the launcher's extra_sbatch
+
+
+@dataclass
+class StageResources:
+    prepare: Resources = field(default_factory=lambda: Resources(time="12:00:00", cpus_per_task=8, mem="32G"))
+    pretrain: Resources = field(default_factory=lambda: Resources(time="24:00:00", gpus_per_node=1))
+    bridge: Resources = field(default_factory=lambda: Resources(time="24:00:00", gpus_per_node=1))
+    adapt: Resources = field(default_factory=lambda: Resources(time="24:00:00", gpus_per_node=1))
+    finetune: Resources = field(default_factory=lambda: Resources(time="08:00:00", gpus_per_node=1))
+    evaluate: Resources = field(default_factory=lambda: Resources(time="24:00:00", gpus_per_node=1))
+    report: Resources = field(default_factory=lambda: Resources(time="01:00:00", cpus_per_task=2, mem="8G"))
+
+
+@dataclass
+class LauncherConfig:
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    constraint: str = ""  # node features, e.g. a100-80g
+    setup: str = ""  # shell lines run before the step (environment, modules, exports)
+    signal_lead_s: int = 300  # USR1 this many seconds before the time limit (0: none); SLURM is ~60 s coarse
+    max_requeues: int = 20  # give up (exit 3, job FAILED) once SLURM_RESTART_COUNT reaches this
+    trainer: list[str] = field(default_factory=list)  # key=value for {stage}.trainer of training/finetuning steps
+    extra_sbatch: list[str] = field(default_factory=list)  # more #SBATCH options for every job, e.g. --mail-type=FAIL
+    # the memory of one GPU in GiB, as torch reports it (torch.cuda.get_device_properties(0).total_memory / 2**30):
+    # `minimodel plan` and `submit` check each training stage's micro-batch against it (minimodel.memory); 0 = unknown
+    gpu_memory_gib: float = 0.0
+    stages: StageResources = field(default_factory=StageResources)
+    source: str = field(default="", metadata={"omegaconf_ignore": True})  # the file it came from
+
+    def resources(self, stage: str) -> Resources:
+        if stage not in {f.name for f in fields(StageResources)}:
+            raise LauncherConfigError(f"{self.source}: no resources for stage {stage!r}")
+        return getattr(self.stages, stage)
+
+
+def launcher_path(launcher: str | Path, config: str | Path) -> Path:
+    """A launcher name (``conf/launcher/{name}.yaml`` next to the experiment's folder) or a YAML path."""
+    s = str(launcher)
+    if s.endswith((".yaml", ".yml")) or "/" in s:
+        return Path(s)
+    folder = find_conf_dir(Path(config)) / "launcher"
+    path = folder / f"{s}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in folder.glob("*.yaml"))
+        raise LauncherConfigError(f"no launcher {s!r}: {path} does not exist (available: {known}, or give a path)")
+    return path
+
+
+def load_launcher(path: str | Path) -> LauncherConfig:
+    """Read a launcher YAML into a validated ``LauncherConfig``; unknown keys and bad values name file and key."""
+    path = Path(path)
+    obj: LauncherConfig = load_structured(LauncherConfig, path, "launcher file", LauncherConfigError, "launcher")
+    obj.source = str(path)
+    _validate(obj)
+    return obj
+
+
+def _validate(c: LauncherConfig) -> None:
+    def fail(msg: str) -> None:
+        raise LauncherConfigError(f"{c.source}: {msg}")
+
+    if c.signal_lead_s < 0 or c.max_requeues < 0:
+        fail("signal_lead_s and max_requeues must be >= 0")
+    if not 0 <= c.gpu_memory_gib < 10_000:  # (nan fails too)
+        fail(f"gpu_memory_gib must be the memory of one GPU in GiB (e.g. 79.2 for an 80 GB A100), or 0 for unknown, "
+             f"got {c.gpu_memory_gib}")
+    for i, opt in enumerate(c.extra_sbatch):
+        if not opt.startswith("-"):
+            fail(f"extra_sbatch[{i}] must be an sbatch option such as --mail-type=FAIL, got {opt!r}")
+    for i, kv in enumerate(c.trainer):
+        if "=" not in kv or kv.startswith("-"):
+            fail(f"trainer[{i}] must be key=value (a {{stage}}.trainer field such as precision=16-mixed), got {kv!r}")
+    for f in fields(StageResources):
+        r: Resources = getattr(c.stages, f.name)
+        key = f"stages.{f.name}"
+        if not _TIME.match(r.time):
+            fail(f"{key}.time must be a quoted 'HH:MM:SS' or 'D-HH:MM:SS', got {r.time!r} "
+                 f"(unquoted 24:00:00 is read by YAML as a number of seconds)")
+        if r.nodes < 1 or r.gpus_per_node < 0 or r.cpus_per_task < 1:
+            fail(f"{key}: nodes and cpus_per_task must be >= 1 and gpus_per_node >= 0")
+        if f.name not in TRAINING_STAGES and (r.nodes != 1 or r.gpus_per_node > 1):
+            fail(f"{key}: {f.name} runs one process: nodes must be 1 and gpus_per_node 0 or 1 "
+                 f"(got {r.nodes} x {r.gpus_per_node})")
+        if r.gpus_per_node == 0 and r.nodes != 1:
+            fail(f"{key}: a CPU-only step runs on one node (got nodes: {r.nodes})")
+        for i, opt in enumerate(r.extra_sbatch):
+            if not opt.startswith("-"):
+                fail(f"{key}.extra_sbatch[{i}] must be an sbatch option, got {opt!r}")
+
+
+def stage_gpus(lc: LauncherConfig) -> dict[str, int]:
+    """The GPUs (processes) of each training stage under the launcher: nodes x GPUs per node for the distributed
+    stages, one for finetuning (and wherever the launcher gives no GPU)."""
+    def gpus(stage: str) -> int:
+        r = lc.resources(stage)
+        return max(1, r.nodes * r.gpus_per_node) if stage in TRAINING_STAGES else 1
+
+    return {stage: gpus(stage) for stage in TRAINER_STAGES}
+
+
+def memory_plan(config: str, overrides: list[str], lc: LauncherConfig) -> list[tuple[str, list[PlanRow]]]:
+    """The memory plan (``minimodel.memory``) of every variant of the experiment on the launcher's GPUs, with the
+    launcher's trainer settings (e.g. precision=16-mixed) applied as its jobs apply them: (label, rows) pairs."""
+    extra = [f"{stage}.trainer.{kv}" for stage in TRAINER_STAGES for kv in lc.trainer]
+    return [(v.label, plan_rows(load_config(config, [*v.overrides, *extra]), stage_gpus(lc), lc.gpu_memory_gib))
+            for v in variants(config, overrides)]
+
+
+def memory_warnings(config: str, overrides: list[str], lc: LauncherConfig) -> list[str]:
+    """A sentence per training stage that would not fit the launcher's GPUs (none when their memory is unknown)."""
+    if not lc.gpu_memory_gib:
+        return []
+    plans = memory_plan(config, overrides, lc)
+    return [f"{label + ': ' if len(plans) > 1 else ''}{line} (launcher {lc.source}; `minimodel plan` shows the plan)"
+            for label, rows in plans for line in misfits(rows)]
