@@ -94,7 +94,13 @@ def cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     """Every step of the experiment in order, in this process; finished steps are skipped."""
     from minimodel.pipeline import plan
 
-    for step in plan(args.config, args.overrides):
+    steps = plan(args.config, args.overrides, adapt_missing=args.adapt_missing)
+    if args.adapt_missing:
+        for step in steps:
+            if step.stage == "adapt" and cfg.models_from:
+                log.warning(f"run --adapt-missing: {step.name} adapts into experiment {cfg.models_from}'s runs "
+                            f"({step.run_dir}), which this experiment reuses")
+    for step in steps:
         log.info(f"run {step.name}: minimodel {' '.join(step.args)}")
         extra = ["--no-progress"] if args.no_progress else []
         rc = main([*step.args, *extra])
@@ -235,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
         if name == "prepare":
             s.add_argument("--langs", default="", help="comma-separated languages (default: source + targets)")
+        if name == "run":
+            s.add_argument("--adapt-missing", action="store_true",
+                           help="with models_from: adapt the target languages the reused experiment lacks into it")
         if name == "report":
             s.add_argument("--out", default="", help="where to write the report (default runs_dir/NAME/report.md); "
                                                      "its plots go to plots/ beside it")

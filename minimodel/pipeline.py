@@ -61,17 +61,36 @@ def variants(config: str | Path, overrides: list[str]) -> list[Variant]:
     return out
 
 
-def check_reused(cfg: ExperimentConfig, r: Runs, bridge: bool) -> None:
-    """``models_from``: every run this experiment reads from the other one is finished (a ConfigError naming the
-    first that is not, and how to finish it)."""
-    needed = [("pretraining", r.pretrain), ("bridge", r.bridge if bridge else None),
-              *((f"adaptation to {lang}", r.adapt(lang)) for lang in cfg.target_langs)]
+def check_reused(config: str, overrides: list[str], cfg: ExperimentConfig, r: Runs, bridge: bool,
+                 adapt_missing: bool = False) -> list[str]:
+    """``models_from``: every run this experiment reads from the other one is finished, else a ConfigError naming
+    the first that is not and the commands that finish it. A target language the reused experiment was never
+    adapted to is returned instead when ``adapt_missing`` (``minimodel run --adapt-missing``): the plan then adapts
+    it into the reused experiment (``reused_adapt_args``), said in the log, never silently."""
+    needed = [("pretraining", r.pretrain), ("bridge", r.bridge if bridge else None)]
     for what, where in needed:
         if where is not None and not is_done(where):
             raise ConfigError(f"models_from={cfg.models_from}: this experiment reuses the {what} {where}, which is "
                               f"not finished (no done.json); finish it in experiment {cfg.models_from} (e.g. "
                               f"`minimodel run` on its experiment file with the same settings) first: this one "
                               f"never trains or writes there")
+    missing = [lang for lang in cfg.target_langs if not is_done(r.adapt(lang))]
+    if missing and not adapt_missing:
+        lang = missing[0]
+        args = shlex.join([config, *overrides])
+        raise ConfigError(
+            f"models_from={cfg.models_from}: this experiment reuses the adaptation to {lang} {r.adapt(lang)}, which is "
+            f"not finished (no done.json): experiment {cfg.models_from} has no finished {lang} embeddings for "
+            f"{r.label}. Adapt them there, once per system, with: `minimodel prepare {args} --langs={lang}` then "
+            f"`minimodel adapt {args} {shlex.join(reused_adapt_args(cfg, lang))}`; or let this run do it: "
+            f"`minimodel run {args} --adapt-missing` (it adapts {', '.join(missing)} into {cfg.models_from}'s runs)")
+    return missing
+
+
+def reused_adapt_args(cfg: ExperimentConfig, lang: str) -> list[str]:
+    """The overrides that make this experiment's ``adapt`` write the reused experiment's adaptation to ``lang``:
+    the same settings, the other experiment's name, nothing reused."""
+    return [f"lang={lang}", f"name={cfg.models_from}", "models_from="]
 
 
 def finetune_steps(cfg: ExperimentConfig, r: Runs, mini: bool, step: Callable[..., Step], primary: str,
@@ -139,9 +158,10 @@ def check_same_data(config: str, lang: str, a: Variant, b: Variant) -> None:
                           f"of its own, or the same data settings")
 
 
-def plan(config: str | Path, overrides: list[str] | None = None) -> list[Step]:
+def plan(config: str | Path, overrides: list[str] | None = None, adapt_missing: bool = False) -> list[Step]:
     """Every step of the experiment (all variants), dependencies first: the prepare steps (one per language), then
-    per variant its training, finetuning and per language adaptation and evaluation, then the report."""
+    per variant its training, finetuning and per language adaptation and evaluation, then the report.
+    ``adapt_missing``: with ``models_from``, adapt the target languages the reused experiment lacks into it."""
     overrides = list(overrides or [])
     config = str(config)
     vs = variants(config, overrides)
@@ -163,8 +183,7 @@ def plan(config: str | Path, overrides: list[str] | None = None) -> list[Step]:
 
         steps_of = system.steps(external_primary(cfg))
         reused = bool(cfg.models_from)  # steps 1, 1b and 2 are another experiment's: finished, never rerun here
-        if reused:
-            check_reused(cfg, r, "bridge" in steps_of)
+        missing = check_reused(config, o, cfg, r, "bridge" in steps_of, adapt_missing) if reused else []
         # the step that makes the primary model; none of this experiment's (an external model, or another
         # experiment's): the source language's prepare step (its tokenizer and shards)
         primary = data(cfg.source_lang)
@@ -187,11 +206,13 @@ def plan(config: str | Path, overrides: list[str] | None = None) -> list[Step]:
         # step 4 per language, as soon as that language's embeddings, its prepared data (the target tokenizer) and
         # the finetuned models are there (one process per GPU when the launcher gives the job several)
         for lang in cfg.target_langs:
-            if not reused:
-                steps.append(step(f"adapt-{lang}", "adapt", ["adapt", f"lang={lang}"], [body, data(lang)], True,
-                                  r.adapt(lang), f"adapt/{lang}"))
+            if not reused or lang in missing:
+                args = ["adapt", *reused_adapt_args(cfg, lang)] if reused else ["adapt", f"lang={lang}"]
+                steps.append(step(f"adapt-{lang}", "adapt", args, [body, data(lang)], True, r.adapt(lang),
+                                  f"adapt/{lang}"))
+            adapted = [p + f"adapt-{lang}"] if not reused or lang in missing else []
             steps.append(step(f"evaluate-{lang}", "evaluate", ["evaluate", f"lang={lang}"],
-                              [*([] if reused else [p + f"adapt-{lang}"]), *finetunes, data(lang)], True))
+                              [*adapted, *finetunes, data(lang)], True))
             evaluations.append(p + f"evaluate-{lang}")
     steps.append(Step("report", "report", ("report", config, *overrides), tuple(evaluations)))
     return steps

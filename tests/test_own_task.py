@@ -68,8 +68,11 @@ def test_steps_of_the_reused_experiment_are_refused(own_task, capsys):
     assert main(["adapt", str(own_task["exp"]), *own_task["overrides"], "lang=de", "adapt.optim.lr=0.5"]) == 2
     assert "belongs to experiment tiny, whose models this one reuses (models_from)" in capsys.readouterr().err
     with pytest.raises(ConfigError, match=r"models_from=tiny: this experiment reuses the adaptation to fr .*"
-                                          r"not finished"):
+                                          r"not finished") as e:
         plan(own_task["exp"], [*own_task["overrides"], "target_langs=[de,fr]"])
+    message = str(e.value)  # the commands that adapt fr into tiny, not "finish it in tiny"
+    assert "--langs=fr" in message and "lang=fr name=tiny models_from=" in message
+    assert "--adapt-missing" in message
     with pytest.raises(ConfigError, match=r"models_from='calc': the name of another experiment"):
         load_config(own_task["exp"], [*own_task["overrides"], "models_from=calc"])
 
@@ -98,3 +101,21 @@ def test_metrics_predictions_and_the_report(own_task):
     assert "| majority class (train): macro_f1 | 44.4 | 44.4 | 44.4 |" in report  # 80% 'no': F1 80/90*100, halved
     assert "| majority class (train): accuracy | 80.0 | 80.0 | 80.0 |" in report
     assert "bl_base at step 0 (macro_f1)" in report
+
+
+def test_adapt_missing_adapts_a_language_the_reused_experiment_lacks_into_it(own_task, caplog):
+    """`minimodel run --adapt-missing` (issue 29 part 9): the language the reused experiment was never adapted to
+    gets an adaptation step writing into the reused experiment's runs, with this experiment's settings; the
+    languages it has are still not redone; the run says so in its log."""
+    overrides = [*own_task["overrides"], "target_langs=[de,fr]"]
+    steps = {s.name: s for s in plan(own_task["exp"], overrides, adapt_missing=True)}
+    assert "adapt-de" not in steps and "adapt-fr" in steps
+    adapt = steps["adapt-fr"]
+    assert adapt.run_dir == str(own_task["runs"] / "tiny" / "bl_base" / "adapt" / "fr")
+    assert adapt.args[-3:] == ("lang=fr", "name=tiny", "models_from=") and "prepare-fr" in adapt.after
+    assert "adapt-fr" in steps["evaluate-fr"].after and "adapt-de" not in steps["evaluate-de"].after
+    cfg = load_config(adapt.args[1], list(adapt.args[2:]))  # the step's own command: tiny's adaptation to fr
+    from minimodel.systems import runs
+
+    assert cfg.name == "tiny" and not cfg.models_from and cfg.lang == "fr"
+    assert str(runs(cfg).adapt("fr")) == adapt.run_dir
