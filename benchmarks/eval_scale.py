@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from minimodel.analysis import cost_rows
 from minimodel.config import ModelConfig, load_config
 from minimodel.data.downstream import predict
 from minimodel.data.tasks import TaskData
 from minimodel.flops import V100_FLOPS_PER_SECOND, layer_flops
 from minimodel.model import ClassificationHead, RobertaMLM
+from minimodel.report.costs import cost_rows
 from minimodel.systems import adapt_depth
 
 ROOT = Path(__file__).resolve().parent.parent

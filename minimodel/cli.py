@@ -111,8 +111,8 @@ def cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
 
 def variant_infos(config: str, overrides: list[str]) -> dict[str, Any]:
     """What every MiniJoint-like variant (a head of its own model) of the experiment is (``claims.VariantInfo``)."""
-    from minimodel.claims import VariantInfo
     from minimodel.pipeline import variants
+    from minimodel.report.claims import VariantInfo
     from minimodel.systems import Body, adapt_depth, of
 
     out: dict[str, Any] = {}
@@ -146,8 +146,8 @@ def report_tasks(cfg: ExperimentConfig) -> list[str]:
 
 
 def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
-    from minimodel.analysis import summary, write_report
     from minimodel.data.tasks import TaskData, majority_baseline
+    from minimodel.report.document import summary, write_report
 
     baselines: dict[tuple[str, str], dict[str, float]] = {}
     main_metrics: dict[str, str] = {}
@@ -182,7 +182,7 @@ def cmd_submit(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
 
 
 def cmd_flops(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
-    from minimodel.analysis import cost_table
+    from minimodel.report.costs import cost_table
 
     print(cost_table(cfg))
     return ""

@@ -8,19 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from minimodel.analysis import (
-    fmt_stat,
-    load_results,
-    results_from_rows,
-    speedup_verdict,
-    speedups,
-    stat,
-    summary,
-    time_to_target,
-    time_to_target_interval,
-    write_report,
-)
 from minimodel.flops import V100_DAY
+from minimodel.report.curves import speedups, time_to_target
+from minimodel.report.document import summary, write_report
+from minimodel.report.formatting import fmt_stat, speedup_verdict
+from minimodel.report.intervals import time_to_target_interval
+from minimodel.report.reading import load_results, results_from_rows
+from minimodel.report.statistics import stat
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -248,7 +242,7 @@ def test_time_to_target_and_speedup_intervals_by_hand():
 
 def test_claims_by_hand(tree: Path):
     """The synthetic tree (two seeds at -1 / +1 of the scores in SCORES, the same for every system: paired)."""
-    from minimodel.claims import claims, claims_table
+    from minimodel.report.claims import claims, claims_table
 
     res = load_results(tree, "demo")
     got = {c.claim.split(" ")[0] + " " + c.claim.split(" ")[1]: c for c in
@@ -270,7 +264,7 @@ def test_claims_by_hand(tree: Path):
 def test_claims_beyond_the_paper_by_hand():
     """Multi-head vs dedicated, progressive vs its fixed heads, forgetting with full and low data: variants made
     from minijoint-n2's curves with known shifts of score (points) and of cost (days scaled)."""
-    from minimodel.claims import VariantInfo, claims_table, extension_claims
+    from minimodel.report.claims import VariantInfo, claims_table, extension_claims
 
     def like(src: str, label: str, shift: float = 0.0, days: float = 1.0) -> list[dict]:
         return [r | {"system": label, "value": r["value"] + shift, "v100_days": r["v100_days"] * days,

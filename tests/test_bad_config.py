@@ -13,11 +13,11 @@ import torch
 from omegaconf import OmegaConf
 
 from minimodel import log as logs
-from minimodel.analysis import load_results
 from minimodel.cli import main
 from minimodel.config import ConfigError, check_finished, load_config, save_config, stage_changes
 from minimodel.errors import CheckpointError, UserError
 from minimodel.layout import CONFIG, DONE, read_done
+from minimodel.report.reading import load_results
 from minimodel.results import ResultsTable
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_overrides
 

@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 
-from minimodel.analysis import multi_head_saving
 from minimodel.checkpoints import TrainingMeta, load_trained_model
 from minimodel.config import ConfigError, ModelConfig, OptimConfig
 from minimodel.flops import pretrain_flops
 from minimodel.model import IGNORE_INDEX, RobertaMLM
 from minimodel.pipeline import plan, variants
+from minimodel.report.costs import multi_head_saving
 from minimodel.systems import adapt_depth, runs
 from minimodel.training.mlm import MLMModule, head_weights
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_config
@@ -167,7 +167,7 @@ def test_flops_state_the_compute_one_multi_head_pretraining_saves(tmp_path):
 
 @pytest.mark.slow
 def test_step_2_over_each_head_of_one_pretraining(tmp_path, prepared, corpus_dir):
-    from minimodel.analysis import load_results
+    from minimodel.report.reading import load_results
     from minimodel.stages.adapt import adaptation_body, run_adapt
     from minimodel.stages.evaluate import run_evaluate
     from minimodel.stages.finetune import run_finetune

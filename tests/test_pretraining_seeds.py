@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from minimodel.analysis import bootstrap, draw, results_from_rows, time_to_target_interval, write_report
 from minimodel.config import load_config, pooled_label
 from minimodel.flops import V100_DAY
 from minimodel.pipeline import plan
+from minimodel.report.document import write_report
+from minimodel.report.intervals import bootstrap, time_to_target_interval
+from minimodel.report.reading import results_from_rows
+from minimodel.report.statistics import draw
 from minimodel.systems import runs
 from tests.conftest import ROOT
 

@@ -7,18 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minimodel.analysis import (
-    AT_STEP0,
-    BELOW,
-    render_report,
-    results_from_rows,
-    speedups,
-    summary_text,
-    table_final,
-    table_time,
-)
 from minimodel.config import ConfigError, load_config
 from minimodel.metrics import classification_scores
+from minimodel.report.curves import speedups
+from minimodel.report.document import render_report, summary_text
+from minimodel.report.formatting import AT_STEP0, BELOW
+from minimodel.report.reading import results_from_rows
+from minimodel.report.tables import table_final, table_time
 from minimodel.task_metrics import majority_scores, metrics_of, scores_from_counts
 from tests.conftest import ROOT
 

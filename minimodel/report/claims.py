@@ -1,7 +1,7 @@
 """The paper's claims, checked one by one against an experiment's results.
 
 Each claim is an estimate computed from the seed-averaged results, a 95% percentile bootstrap interval
-over finetuning seeds (``analysis.bootstrap``), the paper's figure, and a verdict from a rule stated
+over finetuning seeds (``intervals.bootstrap``), the paper's figure, and a verdict from a rule stated
 with the claim: *held* when the interval lies on the claim's side of the rule's threshold, *not
 held* when it lies on the other side, *inconclusive* when it spans the threshold. Settings are never
 chosen on these numbers (they are test-set scores). Nothing here imports torch."""
@@ -14,15 +14,11 @@ from dataclasses import dataclass
 from functools import reduce
 from statistics import fmean as mean
 
-from minimodel.analysis import (
-    REFERENCE,
-    Interval,
-    Results,
-    bootstrap,
-    fmt_speedup,
-    seeds_of_system,
-    system_speedup,
-)
+from minimodel.report.formatting import fmt_speedup
+from minimodel.report.intervals import bootstrap, seeds_of_system
+from minimodel.report.reading import REFERENCE, Results
+from minimodel.report.statistics import Interval
+from minimodel.report.tables import system_speedup
 
 MINIJOINT, MINIPOST, BL_SMALL = "minijoint", "minipost", "bl_small"
 DISTANT = ("tr", "hi", "ur", "ja", "ko")  # SOV languages, the most distant from English (paper, §5.4)
@@ -317,4 +313,3 @@ def claims_table(res: Results, depths: Mapping[str, int] | None = None, tasks: S
         lines += [f"| {c.claim} | {c.paper} | {c.ours} | {c.rule} | **{c.verdict}** |" for c in rows]
         blocks.append(f"**{task}**\n\n" + "\n".join(lines))
     return "\n\n".join(blocks)
-

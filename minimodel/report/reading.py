@@ -1,0 +1,187 @@
+"""The results of one experiment as ``Results``: every ``{runs_dir}/{name}/*/results.jsonl`` row read, pretraining
+seeds pooled, the main metric of each task, adaptation curves per seed and averaged over seeds, English scores."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import fmean as mean
+
+from minimodel import systems
+from minimodel.config import pooled_label
+from minimodel.layout import Layout
+from minimodel.report.curves import Point, time_to_target
+from minimodel.report.statistics import Seeds, Stat, stat
+from minimodel.results import ResultsTable
+
+REFERENCE = systems.REFERENCE  # BL_BASE: standard adaptation of the 12-layer model, the reference of every speedup
+SYSTEM_ORDER = systems.ORDER
+NEAR_MAX = 0.95  # near-maximal performance: 95% of BL_BASE's final score
+# depth-sweep labels: minijoint-n2, minipost-n6 (a tag per depth), minijoint@l2 (one head of a multi-head model)
+SWEEP = re.compile(r"^(?P<base>.+?)(?P<sep>-n|@l)(?P<depth>\d+)$")
+
+
+@dataclass
+class Results:
+    """The results of one experiment, main metric of each task, test split: per seed, and averaged over seeds."""
+
+    curves: dict[tuple[str, str, str], list[Point]] = field(default_factory=dict)  # (system, task, lang) -> by step
+    # a sample is a (pretraining seed, finetuning seed) pair (``Seeds``); most systems have one pretraining seed
+    by_seed: dict[tuple[str, str, str], dict[Seeds, list[Point]]] = field(default_factory=dict)  # ... -> seeds -> by step
+    english: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (system, body, task) -> score
+    english_stats: dict[tuple[str, str, str], Stat] = field(default_factory=dict)  # ... over seeds
+    english_by_seed: dict[tuple[str, str, str], dict[Seeds, float]] = field(default_factory=dict)  # ... -> seeds -> score
+    metrics: dict[str, str] = field(default_factory=dict)  # task -> main metric
+    seeds: set[Seeds] = field(default_factory=set)
+    n_rows: int = 0
+    baselines: dict[tuple[str, str], float] = field(default_factory=dict)  # (task, lang) -> majority-class score
+    baseline_metrics: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)  # ... every metric
+    split: str = "test"  # the target-language sets the scores are on: test, or dev (choosing settings)
+
+    def set_baselines(self, baselines: Mapping[tuple[str, str], Mapping[str, float]] | None) -> None:
+        """The majority-class baseline of each (task, language), every metric; the main metric's is ``baselines``."""
+        self.baseline_metrics = {k: dict(v) for k, v in (baselines or {}).items()}
+        self.baselines = {(t, lang): v[self.metrics[t]] for (t, lang), v in self.baseline_metrics.items()
+                          if t in self.metrics and self.metrics[t] in v}
+
+    def below_baseline(self, system: str, task: str, lang: str) -> bool:
+        """The system's final score (mean over seeds) does not beat the majority-class baseline."""
+        final, base = self.final_stat(system, task, lang), self.baselines.get((task, lang))
+        return final is not None and base is not None and final.mean <= base + 1e-9
+
+    def step0_stat(self, system: str, task: str, lang: str) -> Stat | None:
+        """The score of the unadapted embeddings (adaptation step 0: the overlap initialisation) over seeds."""
+        seeds = self.by_seed.get((system, task, lang), {})
+        values = [p.score for c in seeds.values() for p in c if p.step == 0]
+        return stat(values) if values else None
+
+    def at_step0(self, system: str, task: str, lang: str) -> bool:
+        """The target is met before any adaptation: the time to target is that of step 0."""
+        curve = self.curves.get((system, task, lang))
+        target = self.target(task, lang)
+        return bool(curve) and target is not None and curve[0].step == 0 and curve[0].score >= target - 1e-9
+
+    @property
+    def systems(self) -> list[str]:
+        return sort_systems({s for s, _, _ in self.curves})
+
+    @property
+    def main_systems(self) -> list[str]:
+        return [s for s in self.systems if not SWEEP.match(s)]
+
+    @property
+    def sweep_systems(self) -> list[str]:
+        return [s for s in self.systems if SWEEP.match(s)]
+
+    @property
+    def tasks(self) -> list[str]:
+        return sorted({t for _, t, _ in self.curves})
+
+    def langs(self, task: str) -> list[str]:
+        return sorted({lang for _, t, lang in self.curves if t == task})
+
+    def final(self, system: str, task: str, lang: str) -> Point | None:
+        curve = self.curves.get((system, task, lang))
+        return curve[-1] if curve else None
+
+    def target(self, task: str, lang: str) -> float | None:
+        """95% of BL_BASE's final score: the same target for every system."""
+        ref = self.final(REFERENCE, task, lang)
+        return None if ref is None else NEAR_MAX * ref.score
+
+    def final_stat(self, system: str, task: str, lang: str) -> Stat | None:
+        """The final score over seeds (mean, std, n), at the last step of the seed-averaged curve."""
+        final = self.final(system, task, lang)
+        if final is None:
+            return None
+        return stat([p.score for c in self.by_seed[(system, task, lang)].values() for p in c if p.step == final.step])
+
+    def average_stat(self, system: str, task: str) -> Stat | None:
+        """The final score averaged over the task's languages, then over seeds; None when a language is missing."""
+        langs = self.langs(task)
+        finals = [self.final(system, task, lang) for lang in langs]
+        if not finals or any(f is None for f in finals):
+            return None
+        per_seed = [mean(p.score for lang, f in zip(langs, finals)
+                         for p in self.by_seed[(system, task, lang)][seed] if p.step == f.step)  # type: ignore[union-attr]
+                    for seed in self.seeds_of(system, task)]
+        return stat(per_seed)
+
+    def seeds_of(self, system: str, task: str) -> list[Seeds]:
+        """The seeds every language of the task has for ``system``."""
+        sets = [set(v) for (s, t, _), v in self.by_seed.items() if s == system and t == task]
+        return sorted(set.intersection(*sets)) if sets else []
+
+    def days_to_target(self, system: str, task: str, lang: str) -> float | None:
+        """V100-days to near-maximal performance; None when the system or the target is missing."""
+        target, curve = self.target(task, lang), self.curves.get((system, task, lang))
+        if target is None or not curve:
+            return None
+        return time_to_target([p.days for p in curve], [p.score for p in curve], target)
+
+
+def sort_systems(labels: Iterable[str]) -> list[str]:
+    """The paper's order (BL_BASE, BL_SMALL, MiniJoint, MiniPost), then others; sweep variants by depth."""
+    def key(label: str) -> tuple:
+        m = SWEEP.match(label)
+        base, depth = (m["base"], int(m["depth"])) if m else (label, -1)
+        rank = SYSTEM_ORDER.index(base) if base in SYSTEM_ORDER else len(SYSTEM_ORDER)
+        return (m is not None, rank, base, depth, label)
+    return sorted(labels, key=key)
+
+
+def results_from_rows(rows: Iterable[dict], main_metrics: Mapping[str, str] | None = None,
+                      split: str = "test") -> Results:
+    """Average over seeds, main metric of each task (``main_metrics``, else F1 when the task has F1 rows,
+    accuracy otherwise), rows of ``split`` (test, or dev: the target dev sets). A checkpoint counts only once every seed seen for its (system, task, language) has it,
+    so a half-finished evaluation does not mix seeds."""
+    rows = list(rows)
+    res = Results(n_rows=len(rows), split=split)
+    for r in rows:
+        if main_metrics and r["task"] in main_metrics:
+            res.metrics[r["task"]] = main_metrics[r["task"]]
+        elif r.get("metric") == "f1":
+            res.metrics[r["task"]] = "f1"
+        else:
+            res.metrics.setdefault(r["task"], "accuracy")
+    latest: dict[tuple, dict] = {}  # a row written twice: keep the last
+    for r in rows:
+        english = int(r["step"]) < 0  # the finetuned model's English scores: Table 5 shows the test set's
+        if r.get("split") == ("test" if english else split) and r.get("metric") == res.metrics[r["task"]]:
+            ps = int(r.get("pretrain_seed", 1))
+            latest[(pooled_label(r["system"], ps), r["body"], r["task"], r["lang"], (ps, int(r["seed"])),
+                    int(r["step"]))] = r
+    res.seeds = {k[4] for k in latest}
+    adapted: dict[tuple[str, str, str], dict[int, list[tuple[Seeds, dict]]]] = defaultdict(lambda: defaultdict(list))
+    english: dict[tuple[str, str, str], dict[Seeds, float]] = defaultdict(dict)
+    for (system, body, task, lang, seed, step), r in latest.items():
+        if step < 0:
+            english[(system, body, task)][seed] = float(r["value"])
+        elif body == "primary":
+            adapted[(system, task, lang)][step].append((seed, r))
+    for key, by_step in adapted.items():
+        n_seeds = len({x for rs in by_step.values() for x, _ in rs})
+        complete = [(step, rs) for step, rs in sorted(by_step.items()) if len(rs) == n_seeds]
+        points = [Point(step, mean(r["flops"] for _, r in rs), mean(r["v100_days"] for _, r in rs),
+                        mean(r["value"] for _, r in rs)) for step, rs in complete]
+        if points:
+            res.curves[key] = points
+            seeds: dict[Seeds, list[Point]] = defaultdict(list)
+            for step, rs in complete:
+                for x, r in rs:
+                    seeds[x].append(Point(step, float(r["flops"]), float(r["v100_days"]), float(r["value"])))
+            res.by_seed[key] = dict(seeds)
+    res.english_by_seed = {k: dict(v) for k, v in english.items()}
+    res.english = {k: mean(v.values()) for k, v in english.items()}
+    res.english_stats = {k: stat(list(v.values())) for k, v in english.items()}
+    return res
+
+
+def load_results(runs_dir: str | Path, name: str, main_metrics: Mapping[str, str] | None = None,
+                 split: str = "test") -> Results:
+    """Every ``{runs_dir}/{name}/*/results.jsonl`` (a partial last line is ignored)."""
+    rows = [r for path in Layout(Path(runs_dir), name).all_results() for r in ResultsTable(path).rows()]
+    return results_from_rows(rows, main_metrics, split)
