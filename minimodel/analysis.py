@@ -14,7 +14,7 @@ from statistics import fmean as mean
 from typing import Any
 
 from minimodel import atomic, systems
-from minimodel.config import ExperimentConfig, pooled_label
+from minimodel.config.schema import ExperimentConfig, pooled_label
 from minimodel.flops import adapt_flops, bridge_flops, pretrain_flops, v100_days
 from minimodel.layout import Layout
 from minimodel.results import ResultsTable

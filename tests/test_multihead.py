@@ -11,7 +11,8 @@ import torch
 
 from minimodel.analysis import multi_head_saving
 from minimodel.checkpoints import TrainingMeta, load_trained_model
-from minimodel.config import ConfigError, ModelConfig, OptimConfig
+from minimodel.config.schema import ModelConfig, OptimConfig
+from minimodel.errors import ConfigError
 from minimodel.flops import pretrain_flops
 from minimodel.model import IGNORE_INDEX, RobertaMLM
 from minimodel.pipeline import plan, variants

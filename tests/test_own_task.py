@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from minimodel.cli import main
-from minimodel.config import ConfigError, load_config
+from minimodel.errors import ConfigError
+from minimodel.experiment import load_experiment
 from minimodel.pipeline import plan
 from tests.conftest import ROOT
 
@@ -71,7 +72,7 @@ def test_steps_of_the_reused_experiment_are_refused(own_task, capsys):
                                           r"not finished"):
         plan(own_task["exp"], [*own_task["overrides"], "target_langs=[de,fr]"])
     with pytest.raises(ConfigError, match=r"models_from='calc': the name of another experiment"):
-        load_config(own_task["exp"], [*own_task["overrides"], "models_from=calc"])
+        load_experiment(own_task["exp"], [*own_task["overrides"], "models_from=calc"])
 
 
 def test_metrics_predictions_and_the_report(own_task):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minimodel.config import TaskConfig
+from minimodel.config.schema import TaskConfig
 from minimodel.data.tokenizer import PAD, AnyTokenizer
 from minimodel.errors import TaskDataError
 from minimodel.task_metrics import majority_scores, metrics_of
