@@ -18,7 +18,7 @@ from typing import Any
 import common
 import torch
 
-from minimodel.config import OptimConfig
+from minimodel.config.schema import OptimConfig
 from minimodel.training.optim import UpdateGuard, build_optimizer
 
 

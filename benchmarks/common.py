@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/x.py` from anywhere
 
 import torch  # noqa: E402
 
-from minimodel.config import OptimConfig  # noqa: E402
+from minimodel.config.schema import OptimConfig  # noqa: E402
 from minimodel.data.tokenizer import BOS, MASK  # noqa: E402
 from minimodel.model import IGNORE_INDEX, ModelConfig, RobertaMLM  # noqa: E402
 from minimodel.surgery import adaptation_trainable, build_minipost, extract_mini, freeze_all_but  # noqa: E402

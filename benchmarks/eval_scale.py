@@ -22,9 +22,10 @@ from pathlib import Path
 
 import torch
 
-from minimodel.config import ModelConfig, load_config
+from minimodel.config.schema import ModelConfig
 from minimodel.data.downstream import predict
 from minimodel.data.tasks import TaskData
+from minimodel.experiment import load_experiment
 from minimodel.flops import V100_FLOPS_PER_SECOND, layer_flops
 from minimodel.model import ClassificationHead, RobertaMLM
 from minimodel.report.costs import cost_rows
@@ -82,7 +83,7 @@ def main() -> None:
     totals = [0, 0.0]
     per_lang_hours: dict[str, float] = {}
     for system in SYSTEMS:
-        cfg = load_config(ROOT / "experiments" / f"{system}.yaml")
+        cfg = load_experiment(ROOT / "experiments" / f"{system}.yaml")
         m, t = cfg.model, cfg.adapt.trainer
         ckpts = checkpoints(cfg.adapt.optim.updates, t.ckpt_every, list(t.ckpt_steps))
         n_eval, flops, parts = 0, 0.0, []
@@ -111,7 +112,7 @@ def main() -> None:
     print("## Every step at the paper's scale (V100-days, the paper's formulas)\n")
     print("| system | step | V100-days |\n|---|---|---:|")
     for system in SYSTEMS:
-        cfg = load_config(ROOT / "experiments" / f"{system}.yaml")
+        cfg = load_experiment(ROOT / "experiments" / f"{system}.yaml")
         for row in cost_rows(cfg):
             print(f"| {system} | {row['step']} | {row['v100_days']:,.2f} |")
         print(f"| {system} | 2: depth of the adapted body | {adapt_depth(cfg)} layers |")

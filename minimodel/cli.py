@@ -19,8 +19,9 @@ from typing import Any
 
 from minimodel import atomic, signals
 from minimodel import log as logs
-from minimodel.config import ExperimentConfig, load_config, pooled_label
+from minimodel.config.schema import ExperimentConfig, pooled_label
 from minimodel.errors import ERROR_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT, STOPPED_EXIT, UserError
+from minimodel.experiment import load_experiment
 
 log = logs.get_logger("minimodel.cli")
 
@@ -37,7 +38,7 @@ def _stopped(results: Any) -> str:
 
 
 def cmd_prepare(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
-    from minimodel.config import PATH_COMPONENT_RULE, is_path_component
+    from minimodel.config.checks import PATH_COMPONENT_RULE, is_path_component
     from minimodel.data.prepare import prepare_language
 
     langs = args.langs.split(",") if args.langs else [cfg.source_lang, *cfg.target_langs]
@@ -296,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             steps = [o for o in args.overrides if o.startswith("step=")]
             args.overrides = [o for o in args.overrides if o not in steps]
             args.step = _int_arg(steps[-1]) if steps else None
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_experiment(args.config, args.overrides)
         if args.command in CATCH_EARLY:
             early = signals.catch_early()
         stopped = COMMANDS[args.command][0](cfg, args)

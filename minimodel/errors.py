@@ -20,6 +20,10 @@ class UserError(Exception):
     """A problem with what the user gave (a file, a key, a value); the message says what and where."""
 
 
+class ConfigError(UserError, ValueError):
+    """A configuration problem, with a message that names the file/key at fault."""
+
+
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used, with a message naming the file."""
 

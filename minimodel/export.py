@@ -19,8 +19,9 @@ from typing import Any
 
 from minimodel import atomic
 from minimodel.checkpoints import Adaptation, CheckpointError, load_adaptation, load_finetuned
-from minimodel.config import ConfigError, ExperimentConfig
+from minimodel.config.schema import ExperimentConfig
 from minimodel.data.tokenizer import Tokenizer, TokenizerError
+from minimodel.errors import ConfigError
 from minimodel.layout import adaptation_checkpoints, checkpoint_step, finetuned_model
 from minimodel.log import get_logger
 from minimodel.provenance import check_producer, require_finished, run_identity

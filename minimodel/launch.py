@@ -36,7 +36,9 @@ import subprocess
 from pathlib import Path
 
 from minimodel import atomic
-from minimodel.config import ConfigError, ExperimentConfig, load_config
+from minimodel.config.schema import ExperimentConfig
+from minimodel.errors import ConfigError
+from minimodel.experiment import load_experiment
 from minimodel.launcher import LauncherConfig, launcher_path, load_launcher, memory_warnings
 from minimodel.layout import Layout
 from minimodel.log import get_logger
@@ -59,21 +61,21 @@ def finished_steps(config: str, steps: list[Step]) -> frozenset[str]:
     """The training steps whose run holds a ``done.json`` written with this configuration's settings, and the prepare
     steps whose language's ``{prepared_dir}/{lang}/done.json`` records the current data settings: a resubmission
     leaves them out (their dependants do not wait on them)."""
-    from minimodel.config import check_finished
     from minimodel.data.prepare import is_prepared
+    from minimodel.identity import check_finished
     from minimodel.layout import is_done
     from minimodel.provenance import recorded_inputs, stale_inputs
 
     out = set()
     for step in steps:
         if step.stage == "prepare" and step.lang:
-            if is_prepared(load_config(config, [a for a in step.args[2:] if not a.startswith("--")]), step.lang):
+            if is_prepared(load_experiment(config, [a for a in step.args[2:] if not a.startswith("--")]), step.lang):
                 out.add(step.name)
             continue
         if not step.run_dir or not is_done(Path(step.run_dir)):
             continue
         try:
-            check_finished(load_config(config, list(step.args[2:])), step.stage_name, Path(step.run_dir))
+            check_finished(load_experiment(config, list(step.args[2:])), step.stage_name, Path(step.run_dir))
         except ConfigError:
             continue  # finished with other settings: the job runs and says so
         recorded = {k: Path(v["run"]) for k, v in recorded_inputs(Path(step.run_dir)).items()
@@ -118,7 +120,7 @@ def submit(config: str, overrides: list[str], launcher: str = "local", dry_run: 
     submit them in order with ``afterok`` dependencies. Returns (step name, job id) pairs; with
     ``dry_run`` prints the scripts and sbatch commands instead (job ids are then "")."""
     overrides = list(overrides)
-    cfg = load_config(config, overrides)
+    cfg = load_experiment(config, overrides)
     lc = load_launcher(launcher_path(launcher, config))
     steps = plan(config, overrides)
     for warning in memory_warnings(config, overrides, lc):

@@ -12,7 +12,9 @@ import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from minimodel.config import ConfigError, find_conf_dir, load_config, load_structured
+from minimodel.config.load import find_conf_dir, load_structured
+from minimodel.errors import ConfigError
+from minimodel.experiment import load_experiment
 from minimodel.memory import PlanRow, misfits, plan_rows
 from minimodel.pipeline import variants
 
@@ -143,7 +145,7 @@ def memory_plan(config: str, overrides: list[str], lc: LauncherConfig) -> list[t
     """The memory plan (``minimodel.memory``) of every variant of the experiment on the launcher's GPUs, with the
     launcher's trainer settings (e.g. precision=16-mixed) applied as its jobs apply them: (label, rows) pairs."""
     extra = [f"{stage}.trainer.{kv}" for stage in TRAINER_STAGES for kv in lc.trainer]
-    return [(v.label, plan_rows(load_config(config, [*v.overrides, *extra]), stage_gpus(lc), lc.gpu_memory_gib))
+    return [(v.label, plan_rows(load_experiment(config, [*v.overrides, *extra]), stage_gpus(lc), lc.gpu_memory_gib))
             for v in variants(config, overrides)]
 
 

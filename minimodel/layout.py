@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from minimodel.errors import UserError
 
 if TYPE_CHECKING:
-    from minimodel.config import ExperimentConfig
+    from minimodel.config.schema import ExperimentConfig
 
 DONE = "done.json"
 CONFIG = "config.yaml"

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from minimodel.config import ConfigError, ExperimentConfig, ModelConfig
+from minimodel.config.schema import ExperimentConfig, ModelConfig
+from minimodel.errors import ConfigError
 from minimodel.systems import Body, adapt_depth, adapt_phases, of
 
 GiB = 2**30

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from minimodel.config import PRIMARY, ExperimentConfig
+from minimodel.config.schema import PRIMARY, ExperimentConfig
 from minimodel.data.tokenizer import BOS, MASK
 from minimodel.memory import is_qa
 from minimodel.model import IGNORE_INDEX, ClassificationHead, RobertaMLM, SpanHead
@@ -215,7 +215,7 @@ def _bytes(tensors: Iterator[Tensor]) -> int:
 
 def measure_update(s: StageUnderTest, device: torch.device, mask_prob: float, grad_clip: float = 1.0) -> Measured:
     """Peak memory of one update of ``s`` on ``device`` (two micro-batches, after one warm-up update)."""
-    from minimodel.config import OptimConfig
+    from minimodel.config.schema import OptimConfig
     from minimodel.training.optim import build_optimizer
 
     torch.manual_seed(0)

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from minimodel.config import PRIMARY, ModelConfig
+from minimodel.config.schema import PRIMARY, ModelConfig
 
 IGNORE_INDEX = -100
 

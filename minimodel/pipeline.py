@@ -14,7 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minimodel.config import ConfigError, ExperimentConfig, load_config
+from minimodel.config.schema import ExperimentConfig
+from minimodel.errors import ConfigError
+from minimodel.experiment import load_experiment
 from minimodel.layout import is_done, prepared
 from minimodel.systems import Runs, external_primary, of, runs, source_tokenizer
 
@@ -27,7 +29,7 @@ class Step:
     after: tuple[str, ...] = ()
     distributed: bool = False  # a multi-GPU step: training (srun + DDP) or evaluation (one process per GPU)
     run_dir: str = ""  # a training step's run directory: its done.json says the step is finished
-    stage_name: str = ""  # that run's name for config.check_finished (pretrain, adapt/de, finetune/xnli/seed1, ...)
+    stage_name: str = ""  # that run's name for identity.check_finished (pretrain, adapt/de, finetune/xnli/seed1, ...)
     lang: str = ""  # a prepare step's language: {prepared_dir}/{lang}/done.json says it is finished (is_prepared)
 
 
@@ -42,7 +44,7 @@ class Variant:
 
 
 def variants(config: str | Path, overrides: list[str]) -> list[Variant]:
-    base = load_config(config, overrides)
+    base = load_experiment(config, overrides)
     if not base.sweep:
         return [Variant(runs(base).label, list(overrides), base)]
     out = []
@@ -52,7 +54,7 @@ def variants(config: str | Path, overrides: list[str]) -> list[Variant]:
         except ValueError as e:
             raise ConfigError(f"{config}: sweep entry {entry!r}: {e}") from e
         extra = [*overrides, *words]
-        cfg = load_config(config, extra)
+        cfg = load_experiment(config, extra)
         out.append(Variant(runs(cfg).label, extra, cfg, entry))
     labels = [v.label for v in out]
     if len(set(labels)) != len(labels):

@@ -2,7 +2,7 @@
 what a consumer reads is still what it expects.
 
 - A finished stage run has an **identity** (``done.json``'s ``identity``): a hash of the settings that decide it
-  (``config.stage_identity``, paths left out), the identities of the runs it was built on, and its final weights.
+  (``identity.stage_identity``, paths left out), the identities of the runs it was built on, and its final weights.
   It follows content, not the time of writing: a stage finished again from the same checkpoint (its
   ``done.json`` deleted, say) gets the same identity, and nothing built on it turns stale.
 - A consumer records the **stamp** of each run it reads (``inputs.json``, then ``done.json``'s ``inputs``) and
@@ -52,9 +52,9 @@ def weights_digest(tensors: Mapping[str, Any]) -> str:
 
 
 def settings_of(cfg: Any, stage: str) -> dict[str, Any]:
-    """The values of the keys that decide ``stage`` (``config.stage_identity``) in ``cfg``, paths left out (a
+    """The values of the keys that decide ``stage`` (``identity.stage_identity``) in ``cfg``, paths left out (a
     run moved with its directory is the same run)."""
-    from minimodel.config import _PATHS, _flatten, stage_identity
+    from minimodel.identity import _PATHS, _flatten, stage_identity
 
     flat = _flatten(OmegaConf.to_container(OmegaConf.structured(cfg)))
     keys = stage_identity(stage)
@@ -157,7 +157,8 @@ def check_inputs(run_dir: Path, producers: dict[str, Path]) -> None:
 def check_producer(cfg: Any, run_dir: Path, consumer: str) -> None:
     """The finished run ``run_dir`` ran with the settings this configuration expects of it (its stage's identity
     keys, from its ``config.yaml``); a ``ConfigError`` naming the keys otherwise. ``consumer`` says who reads it."""
-    from minimodel.config import _PATHS, ConfigError, stage_changes
+    from minimodel.errors import ConfigError
+    from minimodel.identity import _PATHS, stage_changes
 
     done = read_done(run_dir)
     path = run_dir / CONFIG

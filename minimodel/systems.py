@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from minimodel.config import PRIMARY, ConfigError, ExperimentConfig, is_hf_source, pretrain_seed_suffix
+from minimodel.config.schema import PRIMARY, ExperimentConfig, is_hf_source, pretrain_seed_suffix
+from minimodel.errors import ConfigError
 from minimodel.layout import Layout, last_checkpoint
 
 
@@ -69,7 +70,8 @@ def of(cfg: ExperimentConfig) -> System:
 
 
 def validate(cfg: ExperimentConfig, source: str) -> None:
-    """The system-specific checks of a loaded config (called by ``config.load_config``)."""
+    """The system-specific checks of a loaded config (``experiment.load_experiment`` runs them after the checks that
+    hold for every system, ``config.checks.validate``)."""
     def fail(msg: str) -> None:
         raise ConfigError(f"{source}: {msg}")
 

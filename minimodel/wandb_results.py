@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from minimodel.config import ExperimentConfig
+from minimodel.config.schema import ExperimentConfig
 from minimodel.log import get_logger
 
 log = get_logger(__name__)

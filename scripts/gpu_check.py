@@ -340,7 +340,7 @@ def check_memory(device: str) -> dict[str, Any]:
 
     import torch
 
-    from minimodel.config import load_config
+    from minimodel.experiment import load_experiment
     from minimodel.memory import estimate, stage_models
     from minimodel.memory_probe import build_stage, measure_update
 
@@ -348,7 +348,7 @@ def check_memory(device: str) -> dict[str, Any]:
     for experiment, stage in MEMORY_STAGES:
         extra = [] if device == "cuda" else [*SMALL, *(["model.mini_heads=[2]"] if experiment == "minijoint" else [])]
         extra += [f"{st}.trainer.precision={precision(device)}" for st in ("pretrain", "bridge", "adapt", "finetune")]
-        cfg = load_config(ROOT / "experiments" / f"{experiment}.yaml", extra)
+        cfg = load_experiment(ROOT / "experiments" / f"{experiment}.yaml", extra)
         sm = next(s for s in stage_models(cfg) if s.stage == stage)
         predicted = estimate(cfg, sm, device=device)
         t0 = time.perf_counter()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from minimodel.config import ExperimentConfig, load_config
+from minimodel.config.schema import ExperimentConfig
+from minimodel.experiment import load_experiment
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_CORPUS = ROOT / "data" / "demo" / "corpus"
@@ -88,7 +89,7 @@ def tiny_config(tmp: Path, corpus: Path, *overrides: str, experiment: str = "tin
     """experiments/tiny.yaml (or another experiment) shrunk to seconds on a CPU, writing under ``tmp``
     (reading prepared data from ``prepared/prepared`` when ``prepared`` is given)."""
     base = [*tiny_overrides(tmp, corpus, prepared), "data.num_workers=0"]
-    return load_config(ROOT / "experiments" / f"{experiment}.yaml", [*base, *overrides])
+    return load_experiment(ROOT / "experiments" / f"{experiment}.yaml", [*base, *overrides])
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,10 @@ from omegaconf import OmegaConf
 
 from minimodel import log as logs
 from minimodel.cli import main
-from minimodel.config import ConfigError, check_finished, load_config, save_config, stage_changes
-from minimodel.errors import CheckpointError, UserError
+from minimodel.config.load import save_config
+from minimodel.errors import CheckpointError, ConfigError, UserError
+from minimodel.experiment import load_experiment
+from minimodel.identity import check_finished, stage_changes
 from minimodel.layout import CONFIG, DONE, read_done
 from minimodel.report.reading import load_results
 from minimodel.results import ResultsTable
@@ -64,7 +66,7 @@ def err_of(capsys: pytest.CaptureFixture) -> str:
 ])
 def test_sizes_are_checked_at_load_time_naming_the_key(override, message):
     with pytest.raises(ConfigError, match=f"^{TINY_YAML}: {message}"):
-        load_config(TINY_YAML, [override])
+        load_experiment(TINY_YAML, [override])
 
 
 def test_zero_updates_is_refused_by_the_cli_before_anything_is_written(tmp_path, capsys):
@@ -92,7 +94,7 @@ def test_a_malformed_override_value_names_the_override(override, problem, capsys
 
 
 def test_a_quoted_override_value_is_a_string():
-    assert load_config(TINY_YAML, ["runs_dir='a: b'"]).runs_dir == "a: b"
+    assert load_experiment(TINY_YAML, ["runs_dir='a: b'"]).runs_dir == "a: b"
 
 
 # ---- 6. values that name directories and files (issue 25, j) --------------------------------------------------------
@@ -117,11 +119,11 @@ RULE = r"use ASCII letters, digits, '\.', '_' and '-' \(not empty, not '\.' or '
 ])
 def test_values_that_name_paths_are_checked_at_load_time(override, message):
     with pytest.raises(ConfigError, match=f"^{TINY_YAML}: {message}.*; {RULE}$"):
-        load_config(TINY_YAML, [override])
+        load_experiment(TINY_YAML, [override])
 
 
 def test_ordinary_names_and_languages_pass():
-    cfg = load_config(TINY_YAML, ["name=study-2.v1_b", "tag=n6", "target_langs=[zh-CN,pt_BR]", "lang=zh-CN"])
+    cfg = load_experiment(TINY_YAML, ["name=study-2.v1_b", "tag=n6", "target_langs=[zh-CN,pt_BR]", "lang=zh-CN"])
     assert (cfg.name, cfg.label, cfg.target_langs) == ("study-2.v1_b", "minijoint-n6", ["zh-CN", "pt_BR"])
 
 
@@ -160,19 +162,19 @@ def test_prepare_langs_outside_the_prepared_dir_are_refused(tmp_path, capsys, la
 ])
 def test_wandb_project_and_entity_are_checked_at_load_time(override, message):
     with pytest.raises(ConfigError, match=f"^{TINY_YAML}: {message}"):
-        load_config(TINY_YAML, ["logging.wandb=offline", override])
+        load_experiment(TINY_YAML, ["logging.wandb=offline", override])
 
 
 def test_what_wandb_accepts_passes_and_agrees_with_wandb():
     wandb_settings = pytest.importorskip("wandb.sdk.wandb_settings")
     for project in ("minimodel-study", "p" * 128, "my project (v2)"):
-        load_config(TINY_YAML, [f"logging.project='{project}'", "logging.entity=my-team_1"])
+        load_experiment(TINY_YAML, [f"logging.project='{project}'", "logging.entity=my-team_1"])
         wandb_settings.Settings(project=project)  # wandb's own rule accepts it too
     for bad in ("a/b", "a\\b", "a#b", "a?b", "a%b", "a:b", "p" * 129):
         with pytest.raises(Exception, match="Invalid project name"):
             wandb_settings.Settings(project=bad)
         with pytest.raises(ConfigError, match="W&B project name"):
-            load_config(TINY_YAML, [f"logging.project='{bad}'"])
+            load_experiment(TINY_YAML, [f"logging.project='{bad}'"])
 
 
 def test_an_invalid_wandb_project_fails_before_a_stage_writes(tmp_path, capsys):
@@ -195,11 +197,11 @@ def test_an_invalid_wandb_project_fails_before_a_stage_writes(tmp_path, capsys):
 ])
 def test_empty_finetuning_lists_are_refused_at_load_time(override, message):
     with pytest.raises(ConfigError, match=f"^{TINY_YAML}: {message}"):
-        load_config(TINY_YAML, [override])
+        load_experiment(TINY_YAML, [override])
 
 
 def test_an_empty_finetuning_list_is_fine_when_the_command_names_the_run():
-    cfg = load_config(TINY_YAML, ["finetune.seeds=[]", "finetune.tasks=[]", "task=xnli", "seed=3"])
+    cfg = load_experiment(TINY_YAML, ["finetune.seeds=[]", "finetune.tasks=[]", "task=xnli", "seed=3"])
     assert (cfg.task, cfg.seed) == ("xnli", 3)
 
 
@@ -213,7 +215,7 @@ def test_empty_finetune_seeds_is_not_a_silent_success(tmp_path, capsys):
 # ---- 2. a finished stage and a changed configuration: the comparison --------------------------------------------
 
 def as_dict(*overrides: str) -> dict:
-    return OmegaConf.to_container(OmegaConf.structured(load_config(TINY_YAML, list(overrides))))  # type: ignore[return-value]
+    return OmegaConf.to_container(OmegaConf.structured(load_experiment(TINY_YAML, list(overrides))))  # type: ignore[return-value]
 
 
 def test_settings_that_do_not_decide_a_stage_result_do_not_count(tmp_path, monkeypatch):
@@ -258,16 +260,16 @@ def test_a_key_the_saved_config_lacks_counts_as_its_default():
 def finished(tmp_path: Path, *overrides: str) -> Path:
     """A stage run directory as a finished run leaves it (config.yaml and done.json)."""
     run_dir = tmp_path / "run"
-    save_config(load_config(TINY_YAML, list(overrides)), run_dir / CONFIG)
+    save_config(load_experiment(TINY_YAML, list(overrides)), run_dir / CONFIG)
     (run_dir / DONE).write_text(json.dumps({"stage": "pretrain", "step": 200}))
     return run_dir
 
 
 def test_a_finished_run_with_other_settings_is_refused_listing_them(tmp_path):
     run_dir = finished(tmp_path)
-    check_finished(load_config(TINY_YAML, ["pretrain.trainer.stop_at=5"]), "pretrain", run_dir)  # the same run
+    check_finished(load_experiment(TINY_YAML, ["pretrain.trainer.stop_at=5"]), "pretrain", run_dir)  # the same run
     with pytest.raises(ConfigError) as e:
-        check_finished(load_config(TINY_YAML, ["pretrain.optim.lr=2e-3", "data.seq_len=32"]), "pretrain", run_dir)
+        check_finished(load_experiment(TINY_YAML, ["pretrain.optim.lr=2e-3", "data.seq_len=32"]), "pretrain", run_dir)
     assert str(e.value) == (
         f"{run_dir} is finished, but it ran with other settings than this configuration's ({run_dir / CONFIG}): "
         f"data.seq_len: 128 -> 32; pretrain.optim.lr: 0.001 -> 0.002. Rerun with the settings it ran with, or train "
@@ -278,19 +280,19 @@ def test_a_finished_run_is_not_extended_to_more_updates_its_schedule_ended(tmp_p
     run_dir = finished(tmp_path)
     with pytest.raises(ConfigError, match=r"is finished with pretrain.optim.updates=200 and cannot be continued to "
                                           r"400: its learning rate decayed linearly to 0 at its last update"):
-        check_finished(load_config(TINY_YAML, ["pretrain.optim.updates=400"]), "pretrain", run_dir)
+        check_finished(load_experiment(TINY_YAML, ["pretrain.optim.updates=400"]), "pretrain", run_dir)
     with pytest.raises(ConfigError, match=r"other settings than this configuration's .*"
                                           r"pretrain.optim.updates: 200 -> 100"):
-        check_finished(load_config(TINY_YAML, ["pretrain.optim.updates=100"]), "pretrain", run_dir)
+        check_finished(load_experiment(TINY_YAML, ["pretrain.optim.updates=100"]), "pretrain", run_dir)
 
 
 def test_a_finished_run_without_its_config_is_skipped_and_a_corrupt_one_named(tmp_path):
     run_dir = finished(tmp_path)
     (run_dir / CONFIG).write_text("pretrain: {optim: [\n")
     with pytest.raises(ConfigError, match=rf"{run_dir / CONFIG}: not valid YAML .* restore it, or delete {run_dir}"):
-        check_finished(load_config(TINY_YAML), "pretrain", run_dir)
+        check_finished(load_experiment(TINY_YAML), "pretrain", run_dir)
     (run_dir / CONFIG).unlink()
-    check_finished(load_config(TINY_YAML, ["pretrain.optim.lr=1"]), "pretrain", run_dir)  # nothing to compare with
+    check_finished(load_experiment(TINY_YAML, ["pretrain.optim.lr=1"]), "pretrain", run_dir)  # nothing to compare with
 
 
 # ---- 3. a corrupt done.json ---------------------------------------------------------------------------------------
@@ -399,7 +401,7 @@ def test_a_stopped_run_resumes_only_with_the_settings_it_started_with(tmp_path, 
 
 @pytest.mark.parametrize("ext", ["csv", "tsv"])
 def test_a_duplicated_column_in_a_task_file_is_refused_naming_file_and_column(tmp_path, ext):
-    from minimodel.config import TaskConfig
+    from minimodel.config.schema import TaskConfig
     from minimodel.data.tasks import TaskData
     from minimodel.errors import TaskDataError
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from minimodel.cli import main
-from minimodel.config import TaskConfig
+from minimodel.config.schema import TaskConfig
 from minimodel.data.corpus import CorpusError, iter_documents
 from minimodel.data.hub_tasks import load_task_split
 from minimodel.data.prepare import prepare_language

@@ -126,7 +126,8 @@ def test_disk_full_while_writing_shards_keeps_finished_shards(tmp_path, prepared
 
 
 def test_task_longer_than_the_model_positions(tmp_path, prepared, corpus_dir):
-    from minimodel.config import ConfigError, check_task_fits
+    from minimodel.config.checks import check_task_fits
+    from minimodel.errors import ConfigError
 
     c = cfg(tmp_path, prepared, corpus_dir)
     with pytest.raises(ConfigError, match=r"tasks.xnli.max_len \(256\) exceeds the model's positions "

@@ -1,6 +1,8 @@
 import pytest
 
-from minimodel.config import ConfigError, load_config, save_config
+from minimodel.config.load import save_config
+from minimodel.errors import ConfigError
+from minimodel.experiment import load_experiment
 from minimodel.systems import REGISTRY, adapt_depth
 from tests.conftest import ROOT
 
@@ -9,7 +11,7 @@ ALL_YAML = sorted((ROOT / "experiments").glob("*.yaml"))
 
 @pytest.mark.parametrize("path", ALL_YAML, ids=lambda p: p.name)
 def test_every_experiment_composes(path):
-    cfg = load_config(path)
+    cfg = load_experiment(path)
     assert cfg.system in REGISTRY
 
 
@@ -30,13 +32,13 @@ def test_every_base_file_composes(path, tmp_path):
 
     os.environ["MINIMODEL_CONF"] = str(ROOT / "conf")
     try:
-        load_config(exp)
+        load_experiment(exp)
     finally:
         del os.environ["MINIMODEL_CONF"]
 
 
 def test_paper_defaults():
-    cfg = load_config(ROOT / "experiments" / "minijoint.yaml")
+    cfg = load_experiment(ROOT / "experiments" / "minijoint.yaml")
     o = cfg.pretrain.optim
     assert (o.updates, o.global_batch, o.lr, o.warmup_updates, o.betas, o.eps, o.weight_decay) == (
         125_000, 2048, 7e-4, 10_000, [0.9, 0.98], 1e-6, 0.01)
@@ -46,7 +48,7 @@ def test_paper_defaults():
 
 
 def test_overrides_are_typed():
-    cfg = load_config(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.updates=7", "target_langs=[de]",
+    cfg = load_experiment(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.updates=7", "target_langs=[de]",
                                                            "data.vocab_size=500"])
     assert cfg.pretrain.optim.updates == 7 and cfg.target_langs == ["de"]
     assert cfg.model.vocab_size == 500  # interpolated from data.vocab_size
@@ -55,7 +57,7 @@ def test_overrides_are_typed():
 def test_unknown_key_in_override_names_it():
     with pytest.raises(ConfigError, match=r"override 'pretrain.optim.lrr=1': unknown config key 'pretrain.optim.lrr'; "
                                           r"valid keys under 'pretrain.optim': lr, "):
-        load_config(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.lrr=1"])
+        load_experiment(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.lrr=1"])
 
 
 def experiment_outside_repo(tmp_path, monkeypatch, name: str, text: str):
@@ -71,26 +73,26 @@ def test_unknown_key_in_file_names_the_file(tmp_path, monkeypatch):
     exp = experiment_outside_repo(tmp_path, monkeypatch, "bad.yaml",
                                   "defaults:\n  - model: tiny\nname: x\nsystem: bl_base\nmodel:\n  hiden: 3\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: unknown config key 'model.hiden'"):
-        load_config(exp)
+        load_experiment(exp)
 
 
 def test_missing_required_value(tmp_path, monkeypatch):
     exp = experiment_outside_repo(tmp_path, monkeypatch, "noname.yaml", "system: bl_base\n")
     with pytest.raises(ConfigError, match=r"noname.yaml: missing required value\(s\) name"):
-        load_config(exp)
+        load_experiment(exp)
 
 
 def test_bad_values_are_rejected():
     with pytest.raises(ConfigError, match=r"bad value for 'pretrain.optim.lr'"):
-        load_config(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.lr=fast"])
+        load_experiment(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.lr=fast"])
     with pytest.raises(ConfigError, match=r"system must be one of"):
-        load_config(ROOT / "experiments" / "tiny.yaml", ["system=huge"])
+        load_experiment(ROOT / "experiments" / "tiny.yaml", ["system=huge"])
     with pytest.raises(ConfigError, match=r"global_batch \(30\) must be a multiple of micro_batch \(16\)"):
-        load_config(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.global_batch=30"])
+        load_experiment(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.global_batch=30"])
 
 
 def test_resolved_config_round_trips(tmp_path):
-    cfg = load_config(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.updates=9"])
+    cfg = load_experiment(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.updates=9"])
     save_config(cfg, tmp_path / "config.yaml")
     text = (tmp_path / "config.yaml").read_text()
     assert "updates: 9" in text and "${" not in text
@@ -104,20 +106,20 @@ def test_an_experiment_extends_another(tmp_path, monkeypatch):
                                    "  mini_heads: [1]\ntarget_langs: [de, fr]\nsweep: ['tag=a', 'tag=b']\n")
     child = base.parent / "child.yaml"
     child.write_text("extends: base.yaml\nname: child\ntarget_langs: [tr]\nsweep: ['tag=c']\n")
-    cfg, parent = load_config(child), load_config(base)
+    cfg, parent = load_experiment(child), load_experiment(base)
     assert (cfg.name, cfg.system, cfg.model.hidden, cfg.model.layers) == ("child", "minijoint", 48, parent.model.layers)
     assert (cfg.target_langs, cfg.sweep) == (["tr"], ["tag=c"])  # lists replace the other's
-    assert load_config(child, ["model.hidden=32"]).model.hidden == 32  # overrides come last
+    assert load_experiment(child, ["model.hidden=32"]).model.hidden == 32  # overrides come last
     grandchild = base.parent / "grandchild.yaml"
     grandchild.write_text("extends: child.yaml\npretrain:\n  optim: {updates: 7}\n")
-    g = load_config(grandchild)
+    g = load_experiment(grandchild)
     assert (g.name, g.model.hidden, g.pretrain.optim.updates) == ("child", 48, 7)
     (base.parent / "missing.yaml").write_text("extends: nowhere.yaml\n")
     with pytest.raises(ConfigError, match=r"missing.yaml: extends: nowhere.yaml: no file .*base.yaml"):
-        load_config(base.parent / "missing.yaml")
+        load_experiment(base.parent / "missing.yaml")
     (base.parent / "loop.yaml").write_text("extends: loop.yaml\n")
     with pytest.raises(ConfigError, match=r"loop.yaml: defaults/extends loop"):
-        load_config(base.parent / "loop.yaml")
+        load_experiment(base.parent / "loop.yaml")
     (base.parent / "old.yaml").write_text("defaults:\n  - base\n")
     with pytest.raises(ConfigError, match=r"bad defaults entry .*extends: other.yaml"):
-        load_config(base.parent / "old.yaml")
+        load_experiment(base.parent / "old.yaml")

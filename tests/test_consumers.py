@@ -13,8 +13,8 @@ import pytest
 
 from minimodel import signals
 from minimodel.cli import main
-from minimodel.config import load_config
 from minimodel.errors import UserError
+from minimodel.experiment import load_experiment
 from minimodel.layout import write_done
 from minimodel.provenance import stamp
 from tests.conftest import ROOT, stage_overrides, tiny_overrides
@@ -53,17 +53,17 @@ def test_nothing_built_on_an_earlier_pretraining_is_used(copied_chain, capsys):
 
     with pytest.raises(UserError, match=r"adapt/de was built on the body run .*pretrain as it finished at update 8 "
                                         r"\(.*\), but that run was redone since \(update 8, 2030-01-01.*delete"):
-        run_adapt(load_config(experiment, [*overrides, "lang=de"]), progress_bar=False)
+        run_adapt(load_experiment(experiment, [*overrides, "lang=de"]), progress_bar=False)
     with pytest.raises(UserError, match=r"finetune/lohelp/seed1 was built on the pretrain run"):
-        run_evaluate(load_config(experiment, overrides), progress=False)
+        run_evaluate(load_experiment(experiment, overrides), progress=False)
     assert main(["evaluate", experiment, *overrides, "lang=tr"]) == 2  # the command: exit 2, the message
     assert "was built on the pretrain run" in capsys.readouterr().err
     assert (system / "results.jsonl").read_text() == results  # nothing appended
 
     # restored: used again
     write_done(system / "pretrain", done)
-    run_adapt(load_config(experiment, [*overrides, "lang=de"]), progress_bar=False)  # skipped: complete
-    run_evaluate(load_config(experiment, overrides), progress=False)
+    run_adapt(load_experiment(experiment, [*overrides, "lang=de"]), progress_bar=False)  # skipped: complete
+    run_evaluate(load_experiment(experiment, overrides), progress=False)
     assert (system / "results.jsonl").read_text() == results
 
 

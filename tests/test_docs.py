@@ -15,7 +15,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 import pytest
 
 from minimodel.cli import build_parser
-from minimodel.config import ExperimentConfig, TaskConfig, load_config
+from minimodel.config.schema import ExperimentConfig, TaskConfig
+from minimodel.experiment import load_experiment
 from tests.conftest import ROOT
 
 README = ROOT / "README.md"
@@ -270,7 +271,7 @@ def test_the_own_task_walkthroughs_experiment_file_loads(tmp_path: Path):
     (tmp_path / "conf").symlink_to(ROOT / "conf")
     (experiments / "demo.yaml").write_text((ROOT / "experiments" / "demo.yaml").read_text(encoding="utf-8"))
     (experiments / "mytask.yaml").write_text(m.group(1) + "\n", encoding="utf-8")
-    cfg = load_config(experiments / "mytask.yaml")
+    cfg = load_experiment(experiments / "mytask.yaml")
     assert cfg.name == "mytask" and cfg.models_from == "demo" and cfg.finetune.tasks == ["mytask"]
     task = cfg.tasks["mytask"]
     assert task.kind == "local" and task.text_fields == ["passage"] and task.label_field == "about_calc"

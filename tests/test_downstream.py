@@ -6,7 +6,8 @@ import torch
 
 from minimodel.checkpoints import Adaptation, load_checkpoint
 from minimodel.cli import main
-from minimodel.config import TaskConfig, model_preset
+from minimodel.config.load import model_preset
+from minimodel.config.schema import TaskConfig
 from minimodel.data.downstream import evaluate, predict, task_head
 from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import Tokenizer

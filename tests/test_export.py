@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from minimodel.cli import main
-from minimodel.config import load_config
 from minimodel.data.prepare import load_prepared_tokenizer
 from minimodel.data.tokenizer import Tokenizer
+from minimodel.experiment import load_experiment
 from minimodel.export import PROVENANCE, adapted_embeddings, load_artifact
 from minimodel.hf import fast_tokenizer
 from minimodel.stages.bridge import load_primary
@@ -65,7 +65,7 @@ def test_the_exported_masked_lm_gives_our_logits(tiny_finetuned, tmp_path):
     tok = transformers.AutoTokenizer.from_pretrained(out)
     model = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
     assert type(model).__name__ == "RobertaForMaskedLM"
-    lang_cfg = load_config(args[0], [*args[1:], "lang=de"])
+    lang_cfg = load_experiment(args[0], [*args[1:], "lang=de"])
     emb = adapted_embeddings(lang_cfg)
     assert emb.adapted.step == 8
     ours, _ = load_primary(runs(lang_cfg).primary)
@@ -112,7 +112,7 @@ def test_the_exported_classifier_predicts_what_evaluate_scored(tiny_finetuned, t
     from minimodel.layout import finetuned_model
 
     body, head, _ = load_finetuned(finetuned_model(runs(cfg).finetune("lohelp", 1)))
-    emb = adapted_embeddings(load_config(args[0], [*args[1:], "lang=de"]))
+    emb = adapted_embeddings(load_experiment(args[0], [*args[1:], "lang=de"]))
     plug_embeddings(body, emb.adapted, emb.tokenizer.sha256, emb.tokenizer.vocab_size)
     body.eval(), head.eval()
     predicted, gap = [], 0.0
@@ -199,7 +199,7 @@ def test_results_on_wandb_offline_read_back(tiny_finetuned, tmp_path, monkeypatc
 
 def test_a_question_answering_model_exports_with_its_span_head(tmp_path):
     """``task_to_hf`` with a QA head: RobertaForQuestionAnswering gives our start and end logits."""
-    from minimodel.config import ModelConfig
+    from minimodel.config.schema import ModelConfig
     from minimodel.hf import task_to_hf
     from minimodel.model import RobertaMLM, SpanHead
 

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from minimodel.checkpoints import TrainingMeta, load_checkpoint
 from minimodel.cli import main
-from minimodel.config import ModelConfig, OptimConfig
+from minimodel.config.schema import ModelConfig, OptimConfig
 from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.errors import ERROR_EXIT, NonFiniteLossError
@@ -103,7 +103,7 @@ def test_the_other_device_branches_take_their_cuda_side(monkeypatch, tmp_path, c
 
 
 def test_config_refuses_unknown_precision_and_adamw(tmp_path, corpus_dir):
-    from minimodel.config import ConfigError
+    from minimodel.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"adapt\.trainer\.precision must be one of 32-true, bf16-mixed, 16-mixed"):
         tiny_config(tmp_path, corpus_dir, "adapt.trainer.precision=bf16")

@@ -186,10 +186,10 @@ def test_minipost_from_a_hugging_face_model_through_steps_1b_to_4(tmp_path, corp
     args = overrides(tmp_path, corpus_dir, hf_dir)
     experiment = str(ROOT / "experiments" / "demo.yaml")
     assert main(["run", experiment, *args, "--no-progress"]) == 0
-    from minimodel.config import load_config
+    from minimodel.experiment import load_experiment
     from minimodel.systems import source_tokenizer
 
-    cfg = load_config(experiment, args)
+    cfg = load_experiment(experiment, args)
     hf_tok = HFTokenizer(str(hf_dir))
     assert source_tokenizer(cfg) == str(hf_dir)  # MiniPost from a HF model uses that model's tokenizer
 
@@ -250,23 +250,23 @@ def test_a_tokenizer_that_does_not_fit_the_hf_model_is_refused(tmp_path, corpus_
     args = [*overrides(tmp_path, corpus_dir, hf_dir), f"data.source_tokenizer={other}"]
     experiment = str(ROOT / "experiments" / "demo.yaml")
     assert main(["prepare", experiment, *args, "--langs=en", "--no-progress"]) == 0
-    from minimodel.config import load_config
+    from minimodel.experiment import load_experiment
     from minimodel.stages.bridge import run_bridge
 
     with pytest.raises(TokenizerError, match=r"has 501 pieces but the model bridge.source=.*tiny-roberta has a "
                                              r"vocabulary of 801"):
-        run_bridge(load_config(experiment, args), progress_bar=False)
+        run_bridge(load_experiment(experiment, args), progress_bar=False)
     assert not (tmp_path / "runs" / "demo" / "minipost" / "bridge").exists()  # nothing written
 
 
 @pytest.mark.slow
 def test_pretraining_with_a_hugging_face_tokenizer(tmp_path, corpus_dir, hf_dir):
     """data.source_tokenizer also serves step 1 (e.g. BL_BASE with RoBERTa's own byte-level BPE)."""
-    from minimodel.config import load_config
     from minimodel.data.prepare import prepare_language
+    from minimodel.experiment import load_experiment
     from minimodel.stages.pretrain import run_pretrain
 
-    cfg = load_config(ROOT / "experiments" / "tiny.yaml", [
+    cfg = load_experiment(ROOT / "experiments" / "tiny.yaml", [
         *tiny_overrides(tmp_path, corpus_dir), f"data.prepared_dir={tmp_path / 'p'}",  # its own prepared dir
         "data.num_workers=0", f"data.source_tokenizer={hf_dir}", f"model.vocab_size={BPE_VOCAB + 1}",
         *stage_overrides(["pretrain"], updates=4, global_batch=8, micro_batch=4, warmup_updates=1, val_every=4,
@@ -277,6 +277,6 @@ def test_pretraining_with_a_hugging_face_tokenizer(tmp_path, corpus_dir, hf_dir)
     assert model.cfg.vocab_size == BPE_VOCAB + 1 and meta.tokenizer["sha256"] == HFTokenizer(str(hf_dir)).sha256
     assert json.loads((run_dir / "done.json").read_text())["step"] == 4
     with pytest.raises(TokenizerError, match=r"has 801 pieces but model.vocab_size is 1000"):
-        run_pretrain(load_config(ROOT / "experiments" / "tiny.yaml", [
+        run_pretrain(load_experiment(ROOT / "experiments" / "tiny.yaml", [
             f"runs_dir={tmp_path / 'runs2'}", f"data.prepared_dir={tmp_path / 'p'}",
             f"data.source_tokenizer={hf_dir}", "model.vocab_size=1000", "data.vocab_size=1000"]), progress_bar=False)

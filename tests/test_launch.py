@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from minimodel.config import load_config
+from minimodel.experiment import load_experiment
 from minimodel.launch import submit
 from minimodel.launcher import LauncherConfigError, launcher_path, load_launcher
 from minimodel.pipeline import Step, plan
@@ -354,13 +354,13 @@ def test_lightning_does_not_requeue_by_itself_under_slurm(monkeypatch: pytest.Mo
 
 def configured_runs(overrides: list[str], names: tuple[str, ...]) -> dict:
     """The plan's steps by name; the run directories of ``names`` made, each with the config.yaml its step writes."""
-    from minimodel.config import save_config
+    from minimodel.config.load import save_config
 
     steps = {s.name: s for s in plan(MINIJOINT, overrides)}
     for name in names:
         run = Path(steps[name].run_dir)
         run.mkdir(parents=True)
-        save_config(load_config(MINIJOINT, list(steps[name].args[2:])), run / "config.yaml")
+        save_config(load_experiment(MINIJOINT, list(steps[name].args[2:])), run / "config.yaml")
     return steps
 
 
@@ -369,7 +369,7 @@ def test_resubmission_leaves_out_finished_steps(fake_slurm: Path, tmp_path: Path
     run with other settings is submitted (the job then says which settings differ)."""
     import yaml
 
-    from minimodel.config import save_config
+    from minimodel.config.load import save_config
 
     overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
     steps = configured_runs(overrides, ("pretrain", "adapt-de"))
@@ -377,7 +377,7 @@ def test_resubmission_leaves_out_finished_steps(fake_slurm: Path, tmp_path: Path
         (Path(steps[name].run_dir) / "done.json").write_text("{}")
     tr = Path(steps["adapt-tr"].run_dir)  # finished, but with another learning rate
     tr.mkdir(parents=True)
-    save_config(load_config(MINIJOINT, [*steps["adapt-tr"].args[2:], "adapt.optim.lr=1e-2"]), tr / "config.yaml")
+    save_config(load_experiment(MINIJOINT, [*steps["adapt-tr"].args[2:], "adapt.optim.lr=1e-2"]), tr / "config.yaml")
     (tr / "done.json").write_text("{}")
     jobs = submit(MINIJOINT, overrides, launcher="a100")
     names = [n for n, _ in jobs]
@@ -458,7 +458,7 @@ def test_resubmission_leaves_out_finished_prepare_steps(fake_slurm: Path, tmp_pa
     """A language whose done.json records the current data settings is not prepared again, and nothing waits for
     it; a language not prepared yet, or prepared with other settings (another vocabulary), is submitted."""
     overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
-    cfg = load_config(MINIJOINT, overrides)
+    cfg = load_experiment(MINIJOINT, overrides)
     for lang in ("en", "de"):
         write_prepared(cfg, lang)
     jobs = dict(submit(MINIJOINT, overrides, launcher="a100"))
@@ -519,7 +519,7 @@ def test_variants_that_prepare_elsewhere_get_their_own_prepare_steps(tmp_path: P
 
 def test_variants_that_would_prepare_a_language_differently_in_one_place_are_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from minimodel.config import ConfigError
+    from minimodel.errors import ConfigError
 
     exp = tmp_path / "experiments" / "sweep.yaml"
     exp.parent.mkdir()
@@ -546,7 +546,7 @@ def test_prepare_steps_without_a_pretraining_of_this_experiment(tmp_path: Path):
     reuse = tmp_path / "reuse.yaml"
     reuse.write_text(f"extends: {MINIJOINT}\nname: reuse\nmodels_from: paper\n")
     overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
-    r = runs(load_config(reuse, overrides))
+    r = runs(load_experiment(reuse, overrides))
     for run in (r.pretrain, r.adapt("de"), r.adapt("tr")):
         run.mkdir(parents=True)
         (run / "done.json").write_text("{}")
@@ -566,8 +566,8 @@ def test_run_executes_the_prepare_steps_one_language_at_a_time(tmp_path: Path, m
     ran: list[list[str]] = []
     monkeypatch.setattr(cli, "main", lambda argv: ran.append(argv) or 0)
     overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
-    args = argparse.Namespace(config=MINIJOINT, overrides=overrides, no_progress=True)
-    assert cli.cmd_run(load_config(MINIJOINT, overrides), args) == ""
+    args = argparse.Namespace(config=MINIJOINT, overrides=overrides, no_progress=True, adapt_missing=False)
+    assert cli.cmd_run(load_experiment(MINIJOINT, overrides), args) == ""
     assert [a[0] for a in ran] == [s.args[0] for s in plan(MINIJOINT, overrides)]
     assert [a[-2] for a in ran[:3]] == ["--langs=en", "--langs=de", "--langs=tr"] and ran[3][0] == "pretrain"
     assert all(a[-1] == "--no-progress" for a in ran)

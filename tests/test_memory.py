@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from minimodel.config import load_config
+from minimodel.experiment import load_experiment
 from minimodel.memory import (
     CONTEXT_GIB,
     FRAGMENTATION,
@@ -48,7 +48,7 @@ CASES = [  # experiment, extra overrides, stage
 
 
 def small_config(experiment: str, *overrides: str):
-    return load_config(ROOT / "experiments" / f"{experiment}.yaml", [*SMALL, *overrides])
+    return load_experiment(ROOT / "experiments" / f"{experiment}.yaml", [*SMALL, *overrides])
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def test_roberta_base_pretraining_is_near_the_hand_count():
     x 2 (6h + 2f) + 4 (2h) + 2h bytes = 5.4 GiB of activations; 2,458 masked rows x 50,000 x 4 bytes x (2 heads +
     2 in the backward) = 1.8 GiB of logits; 0.2 GiB of bf16 weight copies: about 9.8 GiB of tensors, and with the
     allowance (+10%, +1 GiB) about 11.8 GiB: the issue's rough 10-11 GiB, counted."""
-    cfg = load_config(ROOT / "experiments" / "minijoint.yaml")
+    cfg = load_experiment(ROOT / "experiments" / "minijoint.yaml")
     sm = next(s for s in stage_models(cfg) if s.stage == "pretrain")
     e = estimate(cfg, sm, gpus=8)
     assert (e.micro_batch, e.seq_len, e.precision) == (32, 512, "bf16-mixed")
@@ -140,7 +140,7 @@ def test_roberta_base_pretraining_is_near_the_hand_count():
 def test_stages_of_each_system():
     """Which stages each system trains, and what their models compute."""
     def stages(experiment: str) -> dict:
-        return {s.stage: s for s in stage_models(load_config(ROOT / "experiments" / f"{experiment}.yaml"))}
+        return {s.stage: s for s in stage_models(load_experiment(ROOT / "experiments" / f"{experiment}.yaml"))}
 
     joint, post, base = stages("minijoint"), stages("minipost"), stages("bl_base")
     assert list(joint) == ["pretrain", "adapt", "finetune"] and joint["pretrain"].heads == 2
@@ -158,7 +158,7 @@ def test_micro_batches_divide_the_batch_per_gpu():
 
 
 def test_a_stage_that_does_not_fit_names_the_micro_batch_that_would():
-    cfg = load_config(ROOT / "experiments" / "minijoint.yaml", ["pretrain.optim.micro_batch=128"])
+    cfg = load_experiment(ROOT / "experiments" / "minijoint.yaml", ["pretrain.optim.micro_batch=128"])
     rows = plan_rows(cfg, {"pretrain": 8, "adapt": 8, "finetune": 1}, capacity_gib=31.7)
     pretrain = rows[0]
     assert pretrain.fits is False and pretrain.largest is not None

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from minimodel.config import model_preset
+from minimodel.config.load import model_preset
 from minimodel.model import IGNORE_INDEX, ModelConfig, RobertaMLM
 
 

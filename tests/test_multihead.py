@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from minimodel.checkpoints import TrainingMeta, load_trained_model
-from minimodel.config import ConfigError, ModelConfig, OptimConfig
+from minimodel.config.schema import ModelConfig, OptimConfig
+from minimodel.errors import ConfigError
 from minimodel.flops import pretrain_flops
 from minimodel.model import IGNORE_INDEX, RobertaMLM
 from minimodel.pipeline import plan, variants

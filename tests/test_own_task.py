@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from minimodel.cli import main
-from minimodel.config import ConfigError, load_config
+from minimodel.errors import ConfigError
+from minimodel.experiment import load_experiment
 from minimodel.pipeline import plan
 from tests.conftest import ROOT
 
@@ -74,7 +75,7 @@ def test_steps_of_the_reused_experiment_are_refused(own_task, capsys):
     assert "--langs=fr" in message and "lang=fr name=tiny models_from=" in message
     assert "--adapt-missing" in message
     with pytest.raises(ConfigError, match=r"models_from='calc': the name of another experiment"):
-        load_config(own_task["exp"], [*own_task["overrides"], "models_from=calc"])
+        load_experiment(own_task["exp"], [*own_task["overrides"], "models_from=calc"])
 
 
 def test_metrics_predictions_and_the_report(own_task):
@@ -114,7 +115,7 @@ def test_adapt_missing_adapts_a_language_the_reused_experiment_lacks_into_it(own
     assert adapt.run_dir == str(own_task["runs"] / "tiny" / "bl_base" / "adapt" / "fr")
     assert adapt.args[-3:] == ("lang=fr", "name=tiny", "models_from=") and "prepare-fr" in adapt.after
     assert "adapt-fr" in steps["evaluate-fr"].after and "adapt-de" not in steps["evaluate-de"].after
-    cfg = load_config(adapt.args[1], list(adapt.args[2:]))  # the step's own command: tiny's adaptation to fr
+    cfg = load_experiment(adapt.args[1], list(adapt.args[2:]))  # the step's own command: tiny's adaptation to fr
     from minimodel.systems import runs
 
     assert cfg.name == "tiny" and not cfg.models_from and cfg.lang == "fr"

@@ -14,7 +14,6 @@ import pytest
 from minimodel import atomic
 from minimodel import log as logs
 from minimodel.cli import main
-from minimodel.config import ConfigError, load_config
 from minimodel.data import spm_sample, spm_training
 from minimodel.data.corpus import MAX_DOCUMENT_BYTES, READ_BYTES, iter_documents, iter_raw_chunks
 from minimodel.data.encode import encode_corpus, encode_documents, workers_for
@@ -22,6 +21,8 @@ from minimodel.data.shards import TokenStream, read_manifest
 from minimodel.data.spm_sample import sample_windows
 from minimodel.data.spm_training import large_corpus_mode, train_tokenizer
 from minimodel.data.tokenizer import Tokenizer
+from minimodel.errors import ConfigError
+from minimodel.experiment import load_experiment
 from tests.conftest import ROOT, real_text, tiny_overrides
 from tests.test_interrupts import cli, driven
 
@@ -40,9 +41,9 @@ def test_workers_follow_the_cpus_this_process_may_use(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
     assert workers_for(0) == 3  # SLURM's --cpus-per-task=3 (an affinity mask), whatever the node has
     assert workers_for(2) == 2  # data.encode_threads set: that many
-    assert load_config(EXP).data.encode_threads == 0  # the default: the CPUs this process may use
+    assert load_experiment(EXP).data.encode_threads == 0  # the default: the CPUs this process may use
     with pytest.raises(ConfigError, match=r"data\.encode_threads must be 0 or a positive integer, got -1"):
-        load_config(EXP, ["data.encode_threads=-1"])
+        load_experiment(EXP, ["data.encode_threads=-1"])
 
 
 def test_shards_are_the_same_with_one_or_three_processes(tmp_path, prepared, corpus_dir):

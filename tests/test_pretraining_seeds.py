@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from minimodel.config import load_config, pooled_label
+from minimodel.config.schema import pooled_label
+from minimodel.experiment import load_experiment
 from minimodel.flops import V100_DAY
 from minimodel.pipeline import plan
 from minimodel.report.document import write_report
@@ -22,15 +23,15 @@ EXP = ROOT / "experiments" / "study.yaml"  # only loaded and planned here: nothi
 
 
 def test_a_pretraining_seed_other_than_1_names_its_own_runs():
-    one = load_config(EXP, ["system=bl_base"])
-    two = load_config(EXP, ["system=bl_base", "pretrain.trainer.seed=2"])
+    one = load_experiment(EXP, ["system=bl_base"])
+    two = load_experiment(EXP, ["system=bl_base", "pretrain.trainer.seed=2"])
     assert (one.label, two.label) == ("bl_base", "bl_base-ps2")
     assert runs(two).pretrain != runs(one).pretrain and runs(two).pretrain.parent.name == "bl_base-ps2"
     # MiniPost builds on BL_BASE's pretraining of the same seed, and evaluates its finetuned models
-    post = runs(load_config(EXP, ["system=minipost", "pretrain.trainer.seed=2"]))
+    post = runs(load_experiment(EXP, ["system=minipost", "pretrain.trainer.seed=2"]))
     assert post.pretrain == runs(two).pretrain and post.label == "minipost-ps2"
     assert post.finetune("lohelp", 1).is_relative_to(post.pretrain.parent)
-    tagged = load_config(EXP, ["system=minijoint", "model.mini_heads=[1]", "tag=n1", "pretrain.trainer.seed=3"])
+    tagged = load_experiment(EXP, ["system=minijoint", "model.mini_heads=[1]", "tag=n1", "pretrain.trainer.seed=3"])
     assert tagged.label == "minijoint-n1-ps3"
 
 

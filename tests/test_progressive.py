@@ -11,7 +11,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from minimodel.checkpoints import TrainingMeta, load_adaptation
-from minimodel.config import ConfigError, ModelConfig, OptimConfig
+from minimodel.config.schema import ModelConfig, OptimConfig
+from minimodel.errors import ConfigError
 from minimodel.flops import FlopSchedule, adapt_flops
 from minimodel.layout import adaptation_checkpoints
 from minimodel.model import IGNORE_INDEX, PRIMARY, RobertaMLM

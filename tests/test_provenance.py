@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 from minimodel.cli import main
-from minimodel.config import ConfigError, load_config
-from minimodel.errors import ERROR_EXIT, STOPPED_EXIT, UserError
+from minimodel.errors import ERROR_EXIT, STOPPED_EXIT, ConfigError, UserError
+from minimodel.experiment import load_experiment
 from minimodel.provenance import run_identity, stale_rows, stamp
 from minimodel.results import ResultsTable
 from tests.test_consumers import copied_chain  # noqa: F401 (fixture)
@@ -97,7 +97,7 @@ def test_evaluation_refuses_other_task_settings_than_finetuning(copied_chain):  
     system, experiment, overrides = copied_chain
     for change, key in (("tasks.lohelp.max_len=40", "tasks.lohelp.max_len: 64 there, 40 here"),
                         ("tasks.lohelp.text_fields=[id]", "tasks.lohelp.text_fields")):
-        cfg = load_config(experiment, [*overrides, change])
+        cfg = load_experiment(experiment, [*overrides, change])
         from minimodel.stages.evaluate import run_evaluate
 
         with pytest.raises(ConfigError, match=rf"evaluation reads .*finetune/lohelp/seed1, which ran with other "
@@ -159,7 +159,7 @@ def test_a_redone_pretraining_makes_its_consumers_stale(copied_chain):  # noqa: 
                                         r"\(.*\), but that run was redone since"):
         from minimodel.stages.adapt import run_adapt
 
-        run_adapt(load_config(experiment, [*overrides, "lang=de"]), progress_bar=False)
+        run_adapt(load_experiment(experiment, [*overrides, "lang=de"]), progress_bar=False)
     assert stamp(system / "pretrain")["identity"] == "0123456789abcdef"
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel.config import load_config
 from minimodel.data.prepare import is_prepared
+from minimodel.experiment import load_experiment
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -162,7 +162,7 @@ def test_resubmission_leaves_out_finished_steps_and_a_second_submit_is_refused(f
     ids = job_ids(p.stdout)
     assert "left out (finished with these settings: done.json)" in p.stdout
     # a language is left out once its prepare step has written {prepared_dir}/{lang}/done.json with these settings
-    cfg = load_config(EXP, paths(area))
+    cfg = load_experiment(EXP, paths(area))
     unprepared = {f"prepare-{lang}" for lang in ("en", "de") if not is_prepared(cfg, lang)}
     assert set(ids) == {*unprepared, "bl_base:evaluate-de", "minijoint:evaluate-de", "report"}, p.stdout
     again = submit(EXP, paths(area), launcher_file, check=False)  # while those jobs are queued or running

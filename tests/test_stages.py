@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from minimodel.checkpoints import load_checkpoint
-from minimodel.config import ConfigError, load_config
+from minimodel.errors import ConfigError
+from minimodel.experiment import load_experiment
 from minimodel.training.loggers import wandb_run_id
 from tests.conftest import ROOT, stage_overrides, tiny_overrides
 from tests.test_reliability import cli, kill_when, mid_way, run_to_end
@@ -84,13 +85,13 @@ def test_two_ranks_and_a_requeue_log_to_one_wandb_run(tmp_path, prepared, corpus
 
 def test_unknown_system_lists_the_registry(tmp_path):
     with pytest.raises(ConfigError, match=r"system must be one of bl_base, bl_small, minijoint, minipost, got 'minijiont'"):
-        load_config(ROOT / "experiments" / "tiny.yaml", ["system=minijiont"])
+        load_experiment(ROOT / "experiments" / "tiny.yaml", ["system=minijiont"])
 
 
 def test_a_system_that_shares_its_step_1_refuses_to_pretrain(tmp_path):
     from minimodel.stages.pretrain import run_pretrain
 
-    cfg = load_config(ROOT / "experiments" / "demo.yaml", ["system=minipost", f"runs_dir={tmp_path}"])
+    cfg = load_experiment(ROOT / "experiments" / "demo.yaml", ["system=minipost", f"runs_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"system minipost has no step 1 of its own: its primary model is .*bl_base"):
         run_pretrain(cfg, progress_bar=False)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minimodel.checkpoints import Adaptation
-from minimodel.config import model_preset
+from minimodel.config.load import model_preset
 from minimodel.model import IGNORE_INDEX, PRIMARY, RobertaMLM
 from minimodel.surgery import (
     PlugError,
@@ -34,7 +34,7 @@ def data(V=300, B=4, T=24, seed=0):
 
 def train_steps(model: RobertaMLM, n=3, V=300) -> None:
     model.train()
-    opt, _ = build_optimizer(model.parameters(), __import__("minimodel.config", fromlist=["OptimConfig"]).OptimConfig(lr=1e-2))
+    opt, _ = build_optimizer(model.parameters(), __import__("minimodel.config.schema", fromlist=["OptimConfig"]).OptimConfig(lr=1e-2))
     for i in range(n):
         x, labels = data(V, seed=i)
         loss = torch.stack(list(model.mlm_losses(x, labels).values())).mean()

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minimodel.config import ConfigError, load_config
+from minimodel.errors import ConfigError
+from minimodel.experiment import load_experiment
 from minimodel.metrics import classification_scores
 from minimodel.report.curves import speedups
 from minimodel.report.document import render_report, summary_text
@@ -60,12 +61,12 @@ def test_metric_defaults_and_errors(tmp_path):
     exp = ROOT / "experiments" / "demo.yaml"
     with pytest.raises(ConfigError, match=r"tasks.lohelp.metrics: unknown metric\(s\) \['f2'\] for a classification "
                                           r"task; valid: accuracy, macro_f1, per_class_f1, confusion"):
-        load_config(exp, ["tasks.lohelp.metrics=[accuracy,f2]"])
+        load_experiment(exp, ["tasks.lohelp.metrics=[accuracy,f2]"])
     with pytest.raises(ConfigError, match=r"tasks.lohelp.main_metric='per_class_f1': the main metric of a "
                                           r"classification task is one of accuracy, macro_f1"):
-        load_config(exp, ["tasks.lohelp.main_metric=per_class_f1"])
+        load_experiment(exp, ["tasks.lohelp.main_metric=per_class_f1"])
     with pytest.raises(ConfigError, match=r"tasks.mlqa.metrics: unknown metric\(s\) \['accuracy'\] for a qa task"):
-        load_config(exp, ["tasks.mlqa.metrics=[accuracy]"])
+        load_experiment(exp, ["tasks.mlqa.metrics=[accuracy]"])
 
 
 # ---- the report ----------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from minimodel.model import IGNORE_INDEX
 from minimodel.training.device import pin_memory
 
 if TYPE_CHECKING:
-    from minimodel.config import ExperimentConfig, OptimConfig
+    from minimodel.config.schema import ExperimentConfig, OptimConfig
     from minimodel.data.tokenizer import AnyTokenizer
 
 log = get_logger(__name__)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from minimodel import atomic, signals
-from minimodel.config import ExperimentConfig
+from minimodel.config.schema import ExperimentConfig
 from minimodel.data.corpus import check_text, find_corpus, iter_documents
 from minimodel.data.encode import encode_corpus, workers_for
 from minimodel.data.shards import check_writable

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minimodel.config import TaskConfig
+from minimodel.config.schema import TaskConfig
 from minimodel.data.hub_tasks import get_task, load_task_split
 from minimodel.data.task_features import encode_classification, encode_qa, feature_rows
 from minimodel.data.task_files import LocalClassificationTask, find_split_file, has_split

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from minimodel import systems
-from minimodel.config import ExperimentConfig
+from minimodel.config.schema import ExperimentConfig
 from minimodel.flops import adapt_flops, bridge_flops, pretrain_flops, v100_days
 
 

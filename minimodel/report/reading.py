@@ -11,7 +11,7 @@ from pathlib import Path
 from statistics import fmean as mean
 
 from minimodel import systems
-from minimodel.config import pooled_label
+from minimodel.config.schema import pooled_label
 from minimodel.layout import Layout
 from minimodel.report.curves import Point, time_to_target
 from minimodel.report.statistics import Seeds, Stat, stat

@@ -19,10 +19,11 @@ import torch
 
 from minimodel import atomic
 from minimodel.checkpoints import Adaptation, CheckpointError, TrainingMeta, load_trained_model
-from minimodel.config import PRIMARY, ConfigError, ExperimentConfig
+from minimodel.config.schema import PRIMARY, ExperimentConfig
 from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_prepared_tokenizer, load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
+from minimodel.errors import ConfigError
 from minimodel.flops import FlopSchedule, adapt_flops, v100_days
 from minimodel.layout import (
     ADAPT_INFO,

@@ -8,10 +8,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from minimodel.checkpoints import CheckpointError, TrainingMeta, load_trained_model
-from minimodel.config import ConfigError, ExperimentConfig, is_hf_source
+from minimodel.config.schema import ExperimentConfig, is_hf_source
 from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
+from minimodel.errors import ConfigError
 from minimodel.flops import bridge_flops
 from minimodel.layout import is_done
 from minimodel.log import get_logger

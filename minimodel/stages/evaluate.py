@@ -21,13 +21,13 @@ from tqdm import tqdm
 
 from minimodel import atomic, signals
 from minimodel.checkpoints import Adaptation, CheckpointError, Finetuned, load_adaptation, load_finetuned
-from minimodel.config import ConfigError, ExperimentConfig
+from minimodel.config.schema import ExperimentConfig
 from minimodel.data.downstream import predict, prediction_rows, score
 from minimodel.data.prepare import load_prepared_tokenizer
 from minimodel.data.task_files import has_split
 from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import AnyTokenizer
-from minimodel.errors import TaskDataError
+from minimodel.errors import ConfigError, TaskDataError
 from minimodel.layout import (
     adaptation_checkpoints,
     checkpoint_step,

@@ -25,14 +25,15 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from minimodel import atomic
 from minimodel.checkpoints import CheckpointError, Finetuned, TrainingMeta, load_trained_model
-from minimodel.config import ConfigError, ExperimentConfig, OptimConfig, check_task_fits
+from minimodel.config.checks import check_task_fits
+from minimodel.config.schema import ExperimentConfig, OptimConfig
 from minimodel.data.downstream import evaluate, task_head
 from minimodel.data.mlm import ResumableSampler
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.task_features import pad_collate
 from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import PAD
-from minimodel.errors import TaskDataError
+from minimodel.errors import ConfigError, TaskDataError
 from minimodel.layout import finetuned_model, is_done, read_done
 from minimodel.log import get_logger
 from minimodel.model import RobertaMLM

@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from minimodel.checkpoints import TrainingMeta
-from minimodel.config import ConfigError, ExperimentConfig
+from minimodel.config.schema import ExperimentConfig
 from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
+from minimodel.errors import ConfigError
 from minimodel.flops import pretrain_flops
 from minimodel.model import RobertaMLM
 from minimodel.systems import external_primary, of, runs

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from minimodel.config import ADAMW, PRECISIONS
+from minimodel.config.schema import ADAMW, PRECISIONS
 from minimodel.errors import UserError
 
 GPU_ACCELERATORS = ("auto", "gpu", "cuda")

@@ -14,7 +14,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter as _CSVWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 from minimodel import atomic
-from minimodel.config import ExperimentConfig
+from minimodel.config.schema import ExperimentConfig
 from minimodel.layout import METRICS
 from minimodel.wandb_results import wandb_mode
 

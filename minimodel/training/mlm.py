@@ -16,7 +16,7 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from minimodel.checkpoints import TrainingMeta
-from minimodel.config import OptimConfig
+from minimodel.config.schema import OptimConfig
 from minimodel.flops import FlopSchedule
 from minimodel.log import get_logger
 from minimodel.model import IGNORE_INDEX, PRIMARY, RobertaMLM

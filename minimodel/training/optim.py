@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from minimodel.config import OptimConfig
+from minimodel.config.schema import OptimConfig
 from minimodel.errors import NonFiniteLossError
 from minimodel.training.device import adamw_fused
 

@@ -21,8 +21,11 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from minimodel.checkpoints import CheckpointError, load_checkpoint
-from minimodel.config import ConfigError, ExperimentConfig, OptimConfig, TrainerConfig, check_finished, save_config
+from minimodel.config.load import save_config
+from minimodel.config.schema import ExperimentConfig, OptimConfig, TrainerConfig
+from minimodel.errors import ConfigError
 from minimodel.flops import FlopSchedule
+from minimodel.identity import check_finished
 from minimodel.layout import (
     CONFIG,
     Layout,

@@ -1,0 +1,307 @@
+"""The schema of an experiment's configuration: dataclasses, one per section, and small helpers on their values.
+
+``load.load_config`` merges the YAML files and overrides into ``ExperimentConfig``, so an unknown key, a wrong type or a
+missing required value (``???``) fails at load time. This module imports nothing of minimodel (any module may read
+the schema, none is read back)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+PRIMARY = "primary"  # the MLM head after the last layer; a secondary head after layer N is "l{N}"
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 50_000
+    hidden: int = 768
+    layers: int = 12
+    heads: int = 12
+    ffn: int = 3072
+    max_positions: int = 514  # seq_len + 2: RoBERTa's positions start after the padding index
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+    layer_norm_eps: float = 1e-5
+    pad_id: int = 1
+    mini_heads: list[int] = field(default_factory=list)  # depths of secondary MLM heads
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden", "layers", "heads", "ffn", "max_positions"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be a positive integer, got {getattr(self, name)}")
+        if self.hidden % self.heads != 0:
+            raise ValueError(f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})")
+        for name in ("dropout", "attn_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        for name in ("layer_norm_eps", "init_std"):
+            if not 0.0 < getattr(self, name) < math.inf:
+                raise ValueError(f"model.{name} must be a positive number, got {getattr(self, name)}")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"model.pad_id ({self.pad_id}) must be a token id below vocab_size ({self.vocab_size})")
+        depths = list(self.mini_heads)
+        if len(set(depths)) != len(depths):
+            raise ValueError(f"model.mini_heads has duplicates: {depths}")
+        for depth in depths:
+            if not 1 <= depth <= self.layers:
+                raise ValueError(f"model.mini_heads: depth {depth} is outside 1..{self.layers} (model.layers)")
+        self.mini_heads = sorted(depths)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def head_names(self) -> list[str]:
+        return [PRIMARY] + [f"l{d}" for d in self.mini_heads]
+
+    def head_depth(self, name: str) -> int:
+        if name == PRIMARY:
+            return self.layers
+        if name.startswith("l") and name[1:].isdigit() and int(name[1:]) in self.mini_heads:
+            return int(name[1:])
+        raise KeyError(f"no MLM head {name!r}; this model has {self.head_names}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class DataConfig:
+    corpus_dir: str = "data/cc100"  # holds {lang}.txt or {lang}.txt.xz (CC-100 layout)
+    prepared_dir: str = "runs/prepared"  # tokenizers and token shards, shared by every system
+    vocab_size: int = 50_000  # SentencePiece pieces per language
+    # source language only: a Hugging Face tokenizer (directory or hub id) instead of a SentencePiece model
+    # trained here, for a public primary model; "" = SentencePiece (MiniPost with a Hugging Face
+    # bridge.source uses that model's own tokenizer unless this names another)
+    source_tokenizer: str = ""
+    spm_model_type: str = "unigram"
+    spm_max_sentences: int = 10_000_000  # sentence sampling cap for tokenizer training
+    # text read to draw those sentences: a plain corpus is read in windows spread over the file, an xz corpus (not
+    # seekable) from its start; a corpus no larger is read whole
+    spm_sample_bytes: int = 2 * 2**30
+    spm_character_coverage: float = 0.9995
+    shard_bytes: int = 64 * 2**20  # text per shard (cut after a blank line; see data.corpus.MAX_DOCUMENT_BYTES)
+    # prepare's worker processes (encoding) and SentencePiece's training threads; 0 = every CPU this process may
+    # use (os.sched_getaffinity: SLURM's --cpus-per-task)
+    encode_threads: int = 0
+    seq_len: int = 512
+    mask_prob: float = 0.15
+    val_blocks: int = 512  # held-out blocks at the end of the token stream
+    num_workers: int = 2
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 7e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    warmup_updates: int = 10_000
+    updates: int = 125_000
+    global_batch: int = 2048  # sequences per optimiser update, across devices and accumulation
+    micro_batch: int = 32  # sequences per device per forward pass
+    grad_clip: float = 1.0  # 0 disables
+
+
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+"""``trainer.precision`` values a stage accepts (Lightning's names)."""
+
+ADAMW = ("auto", "fused", "foreach")
+"""``trainer.adamw``: auto = fused when every trainable parameter is on CUDA, foreach otherwise."""
+
+
+@dataclass
+class TrainerConfig:
+    accelerator: str = "auto"
+    devices: Any = "auto"
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "bf16-mixed"  # 32-true | bf16-mixed (A100/H100) | 16-mixed (V100: fp16 with loss scaling)
+    compile: bool = False  # torch.compile the transformer layers (every training stage)
+    adamw: str = "auto"  # auto (fused on CUDA, foreach otherwise) | fused | foreach
+    ckpt_every: int = 5000  # updates between checkpoints
+    ckpt_steps: list[int] = field(default_factory=list)  # extra early checkpoints
+    val_every: int = 1000  # updates between validations
+    val_batches: int = 0  # 0 = the whole validation split
+    log_every: int = 10
+    seed: int = 1
+    max_minutes: float = 0.0  # stop cleanly (with a checkpoint) after this wall time; 0 = no limit
+    stop_at: int = 0  # stop cleanly (with a checkpoint) at this update and resume later; 0 = run to the end
+
+
+@dataclass
+class StageConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+@dataclass
+class PretrainConfig(StageConfig):
+    # Weight of each MLM head's loss in the pretraining loss, by head name (primary, l2, ...). {} = the mean over
+    # all heads: the paper's rule for MiniJoint's two heads, generalised; with k secondary heads the primary head
+    # then gets 1/(k+1) of the loss. When given, every head of the model needs a weight (>= 0, sum > 0); the
+    # loss is the weighted sum as written (not renormalised).
+    head_weights: dict[str, float] = field(default_factory=dict)
+    # Active forgetting (Chen et al., NeurIPS 2023): re-initialise the token embeddings every K updates (N(0,
+    # init_std), padding row zero; the tied MLM projections follow) and reset their AdamW moments; 0 = off.
+    forget_every: int = 0
+    # with forgetting: the embeddings get a learning-rate schedule of their own, restarted (warmup, then linear
+    # decay to 0 at the next re-initialisation) at each re-initialisation; false = the one schedule of the run
+    forget_lr_restart: bool = False
+
+
+@dataclass
+class BridgeConfig:
+    depth: int = 4  # N: bottom layers copied from the primary model
+    layers: int = 2  # new layers inserted between layer N and the MLM head
+    source: str = ""  # BL_BASE .ckpt, or Hugging Face model dir / hub id; "" = this experiment's BL_BASE
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+@dataclass
+class PhaseConfig:
+    """One phase of progressive adaptation: step 2 over ``head`` until ``until`` (a fraction of
+    ``adapt.optim.updates`` when <= 1, else an update count; 0 on the last phase = to the end)."""
+
+    head: str = ""
+    until: float = 0.0
+
+
+@dataclass
+class AdaptConfig:
+    init: str = "overlap"  # overlap: copy embeddings of pieces shared with the source vocabulary
+    # The MLM head whose layers step 2 trains over (MiniJoint): "" = the model's one secondary head (a model
+    # with several must name one), l{N} = the head after layer N, primary = the whole model.
+    head: str = ""
+    # Progressive adaptation (MiniJoint): phases over ever deeper heads, e.g. [{head: l2, until: 0.25},
+    # {head: l4, until: 0.6}, {head: primary}]; the embeddings, output bias and their optimiser state carry over.
+    schedule: list[PhaseConfig] = field(default_factory=list)
+    # the share of the target corpus' training blocks step 2 may use (its first ones), e.g. 0.1 for a low-data
+    # setting; validation blocks are the same whatever the share
+    data_fraction: float = 1.0
+    # names a step-2 variant that shares steps 1, 1b and 3 with the untagged system (a low-data adaptation, say):
+    # its adaptation runs and results go under {label}@{tag} (with a head of a multi-head model: {label}@{head}+{tag})
+    tag: str = ""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+@dataclass
+class TaskConfig:
+    """One downstream task. ``kind: hub`` tasks are xnli / pawsx / mlqa / xquad (from the Hugging Face
+    hub, or from ``source`` / ``train_source`` holding files in the hub schema); ``kind: local`` is a
+    classification task in ``source`` (train/dev files and test.{lang} files)."""
+
+    kind: str = "hub"  # hub | local
+    source: str = ""  # local data of the task ("" = the hub)
+    train_source: str = ""  # local English training data when the task trains on another one (SQuAD for QA)
+    text_fields: list[str] = field(default_factory=lambda: ["text"])  # local tasks
+    label_field: str = "label"  # local tasks
+    lr: float = 1e-5
+    max_len: int = 256  # classification; QA uses 384 by default
+    stride: int = 128  # QA document stride
+    max_answer_len: int = 30
+    n_best: int = 20
+    max_train_examples: int = 0  # 0 = all
+    langs: list[str] = field(default_factory=list)  # evaluation languages ([] = target_langs the task has)
+    metrics: list[str] = field(default_factory=list)  # [] = the kind's default (accuracy; QA: f1, exact_match)
+    main_metric: str = ""  # drives targets, speedups and plots ("" = accuracy; QA: f1)
+
+
+def _paper_tasks() -> dict[str, TaskConfig]:
+    return {"xnli": TaskConfig(lr=1e-5), "pawsx": TaskConfig(lr=1e-5),
+            "mlqa": TaskConfig(lr=3e-5, max_len=384), "xquad": TaskConfig(lr=3e-5, max_len=384)}
+
+
+@dataclass
+class FinetuneConfig:
+    tasks: list[str] = field(default_factory=lambda: ["xnli", "pawsx", "mlqa", "xquad"])
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    epochs: float = 3.0
+    warmup_ratio: float = 0.06
+    batch_size: int = 32  # global
+    micro_batch: int = 32
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-6
+    grad_clip: float = 1.0
+    eval_batch: int = 64
+    mini_tasks: list[str] = field(default_factory=list)  # MiniJoint: also finetune the mini-model alone (Table 5)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+@dataclass
+class EvaluateConfig:
+    # predictions (id, gold, predicted, probabilities) as JSONL beside results.jsonl: none | final (the last
+    # adaptation checkpoint of each language, once that adaptation is finished) | all (every checkpoint)
+    save_predictions: str = "final"
+    # which test set: test (test.{lang}: the results) | dev (dev.{lang} of a local task: for choosing settings
+    # without looking at a test set; rows with split "dev", and `minimodel report` then writes report.dev.md)
+    split: str = "test"
+
+
+@dataclass
+class LoggingConfig:
+    wandb: str = "auto"  # auto (offline unless an API key is configured) | online | offline | disabled
+    project: str = ""  # default: minimodel-{name}
+    entity: str = ""
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "???"
+    system: str = "???"  # a name registered in minimodel/systems.py
+    tag: str = ""  # variant of the system within the experiment (run dir {system}-{tag}), e.g. n6 in a sweep
+    sweep: list[str] = field(default_factory=list)  # `minimodel run` runs one variant per entry ("k=v k=v")
+    runs_dir: str = "runs"
+    models_from: str = ""  # another experiment's name: reuse its pretrained, bridged and adapted models (read only)
+    source_lang: str = "en"
+    target_langs: list[str] = field(default_factory=list)
+    lang: str = ""  # target language of one `minimodel adapt` call
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    bridge: BridgeConfig = field(default_factory=BridgeConfig)
+    adapt: AdaptConfig = field(default_factory=AdaptConfig)
+    tasks: dict[str, TaskConfig] = field(default_factory=_paper_tasks)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    task: str = ""  # the task of one `minimodel finetune` call
+    seed: int = 0  # the seed of one `minimodel finetune` call
+    body: str = "primary"  # finetune the primary model, or (MiniJoint) its mini-model: English table 5
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    @property
+    def label(self) -> str:
+        """The system as results, reports and run directories name it: ``minijoint`` or, in a sweep, ``minijoint-n6``;
+        a pretraining seed other than 1 adds ``-ps{seed}`` (``minijoint-ps2``): its own runs, pooled with the other
+        pretraining seeds of the same system in reports (``pooled_label``)."""
+        base = f"{self.system}-{self.tag}" if self.tag else self.system
+        return base + pretrain_seed_suffix(self.pretrain.trainer.seed)
+
+
+def pretrain_seed_suffix(seed: int) -> str:
+    """What a pretraining seed adds to a system's label: nothing for seed 1 (the default), ``-ps{seed}`` otherwise."""
+    return "" if seed == 1 else f"-ps{seed}"
+
+
+def pooled_label(label: str, pretrain_seed: int) -> str:
+    """The label a results row of pretraining seed ``pretrain_seed`` is reported under: its run label without the
+    ``-ps{seed}`` that ``ExperimentConfig.label`` added (``minijoint-ps2@l1`` -> ``minijoint@l1``)."""
+    suffix = pretrain_seed_suffix(pretrain_seed)
+    system, at, rest = label.partition("@")
+    if suffix and system.endswith(suffix):
+        system = system[: -len(suffix)]
+    return system + at + rest
+
+
+def is_hf_source(source: str) -> bool:
+    """A ``bridge.source`` naming a Hugging Face model (directory or hub id) rather than a checkpoint file."""
+    return bool(source) and not source.endswith(".ckpt") and not Path(source).is_file()
+
