@@ -279,3 +279,26 @@ def test_the_own_task_walkthroughs_experiment_file_loads(tmp_path: Path):
     commands = [shlex.split(line.split("#")[0]) for line in text.splitlines() if "make_example_task.py" in line
                 and line.startswith(".venv/bin/python")]
     assert commands and commands[0][1] == "scripts/make_example_task.py" and (ROOT / commands[0][1]).is_file()
+
+
+def test_the_readme_shows_what_the_demo_prints(tmp_path, capsys):
+    """The summary in README's "What `make demo` prints" is the one `minimodel report` prints for the demo's
+    recorded results (tests/golden/demo, which tests/test_golden.py binds to a real `make demo`): refreshing the
+    golden values without the README fails here."""
+    import shutil
+
+    from minimodel.cli import main
+
+    runs = tmp_path / "runs"
+    for recorded in sorted((ROOT / "tests" / "golden" / "demo").glob("*.results.jsonl")):
+        system = recorded.name.split(".")[0]
+        (runs / "demo" / system).mkdir(parents=True)
+        shutil.copy(recorded, runs / "demo" / system / "results.jsonl")
+    assert main(["report", str(ROOT / "experiments" / "demo.yaml"), f"runs_dir={runs}",
+                 f"tasks.lohelp.source={ROOT / 'data/demo/task/lohelp'}", "logging.wandb=disabled"]) == 0
+    printed = [line.rstrip() for line in capsys.readouterr().out.splitlines() if not line.startswith("report: ")]
+    text = README.read_text()
+    block = text[text.index("## What `make demo` prints"):]
+    block = block[block.index("```\n") + 4:]
+    shown = [line.rstrip() for line in block[:block.index("```")].splitlines()]
+    assert shown == [line for line in printed if line]
