@@ -23,7 +23,8 @@ _MLM_DATA = (*_DATA_READ, "data.seq_len", "data.mask_prob", "data.val_blocks")
 _OPTIM = ("lr", "betas", "eps", "weight_decay", "warmup_updates", "updates", "global_batch", "grad_clip")
 _TRAINER = ("precision", "seed")  # numerics, the random stream
 _FINETUNE = ("epochs", "warmup_ratio", "batch_size", "weight_decay", "betas", "eps", "grad_clip")
-_TASK = tuple(f.name for f in fields(TaskConfig) if f.name != "langs")  # langs: evaluation languages (step 4)
+# not what a finetuning produces: langs (the evaluation languages) and id_field (the ids of saved predictions), step 4's
+_TASK = tuple(f.name for f in fields(TaskConfig) if f.name not in ("langs", "id_field"))
 _PATHS = ("data.prepared_dir", "data.source_tokenizer", "bridge.source", "tasks.*.source", "tasks.*.train_source")
 LENGTH = {"pretrain": "pretrain.optim.updates", "bridge": "bridge.optim.updates", "adapt": "adapt.optim.updates",
           "finetune": "finetune.epochs"}

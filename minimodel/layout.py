@@ -11,6 +11,8 @@
             finetune/{task}/seed{S}/            step 3                 (+ model.pt)
             finetune_mini/{task}/seed{S}/       step 3 of MiniJoint's mini-model alone (Table 5)
             results.jsonl                       step 4
+            predictions/{task}/{lang}/          step 4's saved predictions (seed{S}-step{N:07d}.jsonl)
+            truncation/{task}/{split}.{lang}.json   examples of a task file cut to max_len (``truncation.py``)
         {label}@{head}/                         a MiniJoint model with several heads: step 2 over one head
             adapt/{lang}/ finetune_mini/ results.jsonl   (its pretraining and finetuned primary models are {label}'s)
     stage run: config.yaml, metrics.csv, done.json, checkpoints/{last,step{N:07d}}.ckpt, wandb/
@@ -97,6 +99,10 @@ class Layout:
         """Saved predictions of one evaluation (``evaluate.save_predictions``), beside the system's results."""
         suffix = "" if split == "test" else f".{split}"
         return self.system(label) / "predictions" / task / lang / f"seed{seed}-step{step:07d}{suffix}.jsonl"
+
+    def truncation(self, label: str, task: str, split: str, lang: str) -> Path:
+        """How many examples of one task file featurisation cut to ``max_len`` (``truncation.py``), beside the results."""
+        return self.system(label) / "truncation" / task / f"{split}.{lang}.json"
 
     def report_of(self, split: str) -> Path:
         """``report.md`` for the test sets, ``report.dev.md`` for the target dev sets (``evaluate.split=dev``)."""

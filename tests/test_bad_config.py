@@ -517,3 +517,17 @@ def test_a_pickled_hf_model_as_bridge_source_is_a_clear_error(tmp_path, capsys):
     assert (f"[minimodel] bridge: error: refusing to load {d / 'pytorch_model.bin'}: it holds a Python object "
             f"(transformers.models.roberta.modeling_roberta.RobertaForMaskedLM) whose loading could run code") in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_id_field_on_a_qa_task_is_refused_at_load_time_and_decides_no_finetuning():
+    """tasks.X.id_field (issue 29 part 8): a QA task's predictions carry the questions' 'id' (the hub schema);
+    the ids of saved predictions are step 4's, so changing id_field redoes no finetuning."""
+    with pytest.raises(ConfigError, match=rf"^{TINY_YAML}: tasks\.mlqa\.id_field='qid': a QA task's questions are "
+                                          r"identified by their 'id' field \(the hub schema\), which its predictions "
+                                          r"carry; leave tasks\.mlqa\.id_field unset$"):
+        load_experiment(TINY_YAML, ["tasks.mlqa.id_field=qid"])
+    assert load_experiment(TINY_YAML, ["tasks.xnli.id_field=pairID"]).tasks["xnli"].id_field == "pairID"
+    saved = {"tasks": {"xnli": {"id_field": "", "max_len": 256}}}
+    assert stage_changes(saved, {"tasks": {"xnli": {"id_field": "pairID", "max_len": 256}}}, "finetune/xnli/seed1") == []
+    assert stage_changes(saved, {"tasks": {"xnli": {"id_field": "", "max_len": 128}}}, "finetune/xnli/seed1") == [
+        ("tasks.xnli.max_len", 256, 128)]

@@ -230,6 +230,9 @@ def _validate_tasks(cfg: ExperimentConfig, fail: Any) -> None:
         problem = check_metrics(name, t.kind == "hub" and name in ("mlqa", "xquad"), t.metrics, t.main_metric)
         if problem:
             fail(problem)
+        if t.kind == "hub" and name in ("mlqa", "xquad", "squad") and t.id_field not in ("", "id"):
+            fail(f"tasks.{name}.id_field={t.id_field!r}: a QA task's questions are identified by their 'id' field "
+                 f"(the hub schema), which its predictions carry; leave tasks.{name}.id_field unset")
     for key in ("tasks", "mini_tasks"):
         for name in getattr(cfg.finetune, key):
             if name not in cfg.tasks:

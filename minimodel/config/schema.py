@@ -203,6 +203,9 @@ class TaskConfig:
     train_source: str = ""  # local English training data when the task trains on another one (SQuAD for QA)
     text_fields: list[str] = field(default_factory=lambda: ["text"])  # local tasks
     label_field: str = "label"  # local tasks
+    # the column whose value identifies an example in saved predictions ("" = the "id" column where a record has
+    # one, else the record's 0-based position in its file); every split file read must have it
+    id_field: str = ""
     lr: float = 1e-5
     max_len: int = 256  # classification; QA uses 384 by default
     stride: int = 128  # QA document stride

@@ -80,7 +80,8 @@ def score(task: TaskData, records: list[dict[str, Any]], features: list[dict[str
 
 def prediction_rows(task: TaskData, records: list[dict[str, Any]], features: list[dict[str, Any]],
                     predictions: list[Any]) -> list[dict[str, Any]]:
-    """One row per example: ``id`` (the record's, else its position), ``gold``, ``predicted`` and, for
+    """One row per example: ``id`` (the record's: its ``tasks.X.id_field`` or ``id`` column; else its 0-based
+    position in the file), ``gold``, ``predicted`` and, for
     classification, ``probabilities`` by label (QA: the gold answers and the predicted answer text)."""
     if task.is_qa:
         answers = _answers(task, records, features, predictions)

@@ -69,9 +69,12 @@ def get_task(name: str) -> TaskSpec:
         raise TaskDataError(f"unknown task '{name}' (known: {', '.join(TASKS)})")
     return TASKS[name]
 
-def load_task_split(task: str, lang: str, split: str, source: str | Path | None = None) -> list[dict[str, Any]]:
+def load_task_split(task: str, lang: str, split: str, source: str | Path | None = None,
+                    id_field: str = "") -> list[dict[str, Any]]:
     """The records of ``split`` of ``task`` in ``lang``: from the hub when ``source`` is None, else from
-    the local directory (or file) ``source`` in the hub schema (checked, with the file and line named)."""
+    the local directory (or file) ``source`` in the hub schema (checked, with the file and line named).
+    ``id_field`` (a classification task's id column, ``tasks.X.id_field``): every record must have it, and its
+    value becomes the record's ``id``."""
     spec = get_task(task)
     if split not in spec.splits:
         raise TaskDataError(f"{task} has no split '{split}' (splits: {', '.join(spec.splits)})")
@@ -80,13 +83,16 @@ def load_task_split(task: str, lang: str, split: str, source: str | Path | None 
             raise TaskDataError(f"{task} has no language '{lang}' on the hub (languages: {', '.join(spec.languages)})")
         import datasets
 
-        return datasets.load_dataset(spec.hub_id, spec.config(lang), split=split).to_list()
+        rows = datasets.load_dataset(spec.hub_id, spec.config(lang), split=split).to_list()
+        return [_with_id(rec, task, id_field, f"{spec.hub_id} ({lang}, {split}), row {n}")
+                for n, rec in enumerate(rows, 1)]
     path = Path(source)
     if path.is_dir():
         path = find_split_file(path, split, lang)
     elif not path.is_file():
         raise TaskFileNotFoundError(f"{task} data not found: {path} is neither a file nor a directory")
-    records = [_check_record(spec, rec, f"{path}, {where}") for where, rec in read_records(path)]
+    records = [_with_id(_check_record(spec, rec, f"{path}, {where}"), task, id_field, f"{path}, {where}")
+               for where, rec in read_records(path)]
     if not records:
         raise TaskDataError(f"{path}: no records")
     return records
@@ -118,3 +124,15 @@ def _check_record(spec: TaskSpec, rec: dict[str, Any], where: str) -> dict[str, 
             raise TaskDataError(f"{where}: label {rec['label']!r} is not a label id 0..{len(spec.labels) - 1}")
         rec["label"] = int(label)
     return rec
+
+
+def _with_id(rec: dict[str, Any], task: str, id_field: str, where: str) -> dict[str, Any]:
+    """``rec`` with ``id`` set to its ``id_field`` value (``rec`` itself without an ``id_field``)."""
+    if not id_field:
+        return rec
+    if rec.get(id_field) is None:
+        found = [k for k in rec if k is not None]
+        raise TaskDataError(f"{where}: missing field '{id_field}' (tasks.{task}.id_field names it as the id column: "
+                            f"set it to one of the file's columns {found}, or leave it unset to use the 'id' "
+                            f"column or the record's position)")
+    return {**rec, "id": rec[id_field]}

@@ -24,7 +24,8 @@ def encode_classification(
     records: Sequence[dict[str, Any]], tokenizer: AnyTokenizer, text_fields: Sequence[str], max_len: int = 256
 ) -> dict[str, list]:
     """RoBERTa inputs ``<s> A </s>`` or ``<s> A </s></s> B </s>``, at most ``max_len`` tokens (the longer
-    text loses its last token first), and the records' int labels."""
+    text loses its last token first), the records' int labels, and ``truncated``: whether a record lost tokens
+    (its texts and special tokens were longer than ``max_len``)."""
     if len(text_fields) not in (1, 2):
         raise ValueError(f"text_fields must name one or two fields, got {list(text_fields)}")
     specials = 2 if len(text_fields) == 1 else 4
@@ -32,14 +33,15 @@ def encode_classification(
         raise ValueError(f"max_len={max_len} leaves no room for text")
     columns = [tokenizer.encode([str(r[f]) for r in records]) for f in text_fields]
     bos, eos = tokenizer.specials.bos, tokenizer.specials.eos
-    input_ids = []
+    input_ids, truncated = [], []
     for ids in zip(*columns):
         if len(ids) == 1:
             input_ids.append([bos, *ids[0][: max_len - specials], eos])
         else:
             len_a, len_b = truncate_pair(len(ids[0]), len(ids[1]), max_len - specials)
             input_ids.append([bos, *ids[0][:len_a], eos, eos, *ids[1][:len_b], eos])
-    return {"input_ids": input_ids, "label": [int(r["label"]) for r in records]}
+        truncated.append(len(input_ids[-1]) < specials + sum(map(len, ids)))
+    return {"input_ids": input_ids, "label": [int(r["label"]) for r in records], "truncated": truncated}
 
 
 def truncate_pair(len_a: int, len_b: int, budget: int) -> tuple[int, int]:

@@ -177,7 +177,8 @@ def _json_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 class LocalClassificationTask:
     """A user-defined classification task in ``root``: ``train``/``dev`` files (``train.jsonl``) and
     per-language test files (``test.{lang}.jsonl``), as JSONL, CSV or TSV (also json/parquet), each
-    record holding ``text_fields`` (one text, or two for pairs) and ``label_field`` (string or int).
+    record holding ``text_fields`` (one text, or two for pairs) and ``label_field`` (string or int), and
+    ``id_field`` when one is named (every record of every file read must have it).
 
     Labels are kept as strings; the label set is ``labels`` or the sorted labels of the train split
     (numerically when all are integers), and label ids index it. ``name`` is the task's key under
@@ -193,6 +194,7 @@ class LocalClassificationTask:
         labels: Sequence[str] | None = None,
         name: str = "",
         labels_source: str = "",
+        id_field: str = "",
     ) -> None:
         self.name = name
         if len(text_fields) not in (1, 2):
@@ -203,6 +205,7 @@ class LocalClassificationTask:
                                         + (f" (set {self._key('source')})" if name else ""))
         self.text_fields = tuple(text_fields)
         self.label_field = label_field
+        self.id_field = id_field
         self.labels_source = labels_source
         self.labels = tuple(str(label) for label in labels) if labels is not None else self._infer_labels()
 
@@ -226,7 +229,7 @@ class LocalClassificationTask:
             raise TaskFileNotFoundError(f"{e} (add the file, or leave {lang} out of {self._key('langs')})") from e
         out = []
         for where, rec in read_records(path):
-            for field in (*self.text_fields, self.label_field):
+            for field in (*self.text_fields, self.label_field, *([self.id_field] if self.id_field else [])):
                 if rec.get(field) is None:
                     raise TaskDataError(f"{path}, {where}: missing field '{field}'{self._fields_hint(field, rec)}")
             out.append((f"{path}, {where}", rec))
@@ -238,12 +241,16 @@ class LocalClassificationTask:
         """Which config key names the missing ``field``, and the fields the record has ("" without a name)."""
         if not self.name:
             return ""
+        found = [k for k in rec if k is not None]
+        if field == self.id_field and field not in (*self.text_fields, self.label_field):
+            return (f" ({self._key('id_field')} names it as the id column: set it to one of the file's columns "
+                    f"{found}, or leave it unset to use the 'id' column or the record's position)")
         key = self._key("label_field" if field == self.label_field else "text_fields")
-        return f" (set {key} to the file's columns: found {[k for k in rec if k is not None]})"
+        return f" (set {key} to the file's columns: found {found})"
 
     def load(self, split: str, lang: str | None = None) -> list[dict[str, Any]]:
-        """Records of ``split`` (``test`` with ``lang``): ``id`` (if present), the text fields and
-        ``label`` as a label id."""
+        """Records of ``split`` (``test`` with ``lang``): ``id`` (the ``id_field`` column's value; without one, the
+        ``id`` column's where the record has it), the text fields and ``label`` as a label id."""
         label_ids = {label: i for i, label in enumerate(self.labels)}
         out = []
         for where, rec in self._read(split, lang):
@@ -251,6 +258,7 @@ class LocalClassificationTask:
             if label not in label_ids:
                 known = f"one of the labels {self.labels_source}," if self.labels_source else "in the label set"
                 raise TaskDataError(f"{where}: label '{label}' is not {known} {list(self.labels)}")
-            ids = {"id": rec["id"]} if "id" in rec else {}
+            id_field = self.id_field or "id"
+            ids = {"id": rec[id_field]} if rec.get(id_field) is not None else {}
             out.append({**ids, **{f: str(rec[f]) for f in self.text_fields}, "label": label_ids[label]})
         return out

@@ -29,7 +29,7 @@ class TaskData:
     def __post_init__(self) -> None:
         self.local = LocalClassificationTask(
             self.cfg.source, self.cfg.text_fields, self.cfg.label_field, self.saved_labels, name=self.name,
-            labels_source="" if self.saved_labels is None else "the model was finetuned on",
+            labels_source="" if self.saved_labels is None else "the model was finetuned on", id_field=self.cfg.id_field,
         ) if self.cfg.kind == "local" else None
         self.spec = None if self.local else get_task(self.name)
         if self.spec is not None and self.saved_labels is not None and tuple(self.saved_labels) != self.spec.labels:
@@ -104,13 +104,38 @@ class TaskData:
             task = spec.train_task
             source = (self.cfg.train_source if task != self.name else self.cfg.source) or None
             hub_split = "train" if split == "train" else "validation"
-            return load_task_split(task, "en", hub_split, source)
-        return load_task_split(self.name, lang, spec.eval_split, self.cfg.source or None)
+            return load_task_split(task, "en", hub_split, source, "" if spec.is_qa else self.cfg.id_field)
+        return load_task_split(self.name, lang, spec.eval_split, self.cfg.source or None,
+                               "" if spec.is_qa else self.cfg.id_field)
+
+    def split_file(self, split: str, lang: str = "en") -> str:
+        """The file ``records(split, lang)`` reads ("" when it comes from the hub), for messages."""
+        if self.local is not None:
+            local = split == "test" or (split == "dev" and lang != "en")
+            return str(find_split_file(self.local.root, split, lang if local else None))
+        if split == "train":
+            return str(self.train_file() or "")
+        spec = self.spec
+        assert spec is not None
+        english = split == "dev" and spec.train_task != self.name  # read from the training task's source
+        source = self.cfg.train_source if english else self.cfg.source
+        if not source:
+            return ""
+        path = Path(source)
+        hub_split = "validation" if split == "dev" else spec.eval_split
+        return str(find_split_file(path, hub_split, lang) if path.is_dir() else path)
+
+    def featurise(self, records: list[dict[str, Any]], tokenizer: AnyTokenizer) -> tuple[list[dict[str, Any]], int | None]:
+        """The features of ``records`` and how many records were cut to ``max_len`` (None for QA: its windows over
+        the context, with a stride, cover all of it; a question longer than its 64 tokens is cut, not counted)."""
+        if self.is_qa:
+            return feature_rows(encode_qa(records, tokenizer, self.cfg.max_len, self.cfg.stride)), None
+        columns = encode_classification(records, tokenizer, self.text_fields, self.cfg.max_len)
+        cut = columns.pop("truncated")
+        return feature_rows(columns), sum(cut)
 
     def features(self, records: list[dict[str, Any]], tokenizer: AnyTokenizer) -> list[dict[str, Any]]:
-        if self.is_qa:
-            return feature_rows(encode_qa(records, tokenizer, self.cfg.max_len, self.cfg.stride))
-        return feature_rows(encode_classification(records, tokenizer, self.text_fields, self.cfg.max_len))
+        return self.featurise(records, tokenizer)[0]
 
 
 def majority_baseline(task: TaskData, langs: list[str], split: str = "test") -> dict[str, dict[str, float]]:

@@ -33,6 +33,8 @@ from minimodel.report.tables import (
     table_speedup,
     table_time,
 )
+from minimodel.truncation import read_dir as read_truncation
+from minimodel.truncation import report_section
 
 DEV_NOTE = (": the target-language dev sets, for choosing settings; the results are the test split's, in "
             "report.md")
@@ -57,10 +59,10 @@ def pretraining_note(res: Results) -> str:
 
 
 def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Mapping[str, int] | None = None,
-                  variants: Mapping[str, Any] | None = None) -> str:
+                  variants: Mapping[str, Any] | None = None, truncation: list[str] | None = None) -> str:
     """The Markdown report; ``variants``: MiniJoint label -> ``claims.VariantInfo`` (the claims beyond the paper);
     ``plots``: task -> relative link of its PNG; ``depths``: MiniJoint label -> depth of its
-    mini-model (for the claim about depth)."""
+    mini-model (for the claim about depth); ``truncation``: the section ``truncation.report_section`` writes."""
     out = [f"# Mini-model adaptation: {name}", ""]
     if not res.curves and not res.english:
         return "\n".join(out + ["No results yet (no `*/results.jsonl` rows): run `minimodel evaluate` first.", ""])
@@ -131,6 +133,7 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
                 "Average over languages at matching checkpoints; bands: ± one standard deviation over seeds; "
                 "dashed: mean near-maximal target.", ""]
         out += [f"![{task}]({link})\n" for task, link in plots.items()]
+    out += truncation or []
     return "\n".join(out)
 
 
@@ -146,8 +149,10 @@ def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
     out = Path(out) if out is not None else Layout(Path(runs_dir), name).report_of(split)
     atomic.make_dirs(out.parent)
     pngs = plot_curves(res, out.parent / ("plots" if split == "test" else f"plots-{split}")) if res.curves else {}
+    truncated = report_section({p.parent.name: read_truncation(p.parent) for p in Layout(Path(runs_dir), name).all_results()},
+                               res.tasks, {task: res.langs(task) for task in res.tasks}, split)
     text = render_report(res, name, {task: path.relative_to(out.parent).as_posix() for task, path in pngs.items()},
-                         depths, variants)
+                         depths, variants, truncated)
     atomic.write_text(out, text)
     return out
 

@@ -48,6 +48,8 @@ from minimodel.results import KEY, ResultsTable
 from minimodel.surgery import PlugError, plug_embeddings
 from minimodel.systems import Runs, of, runs
 from minimodel.training.device import cuda_in_use
+from minimodel.truncation import Truncation, say
+from minimodel.truncation import write as write_truncation
 from minimodel.wandb_results import ResultsLogger
 
 log = get_logger(__name__)
@@ -233,6 +235,18 @@ def remove_stale(cfg: ExperimentConfig, r: Runs, table: ResultsTable, tasks: lis
                 f"{', ...' if len(which) > 6 else ''}): removed, with their predictions, and evaluated again")
 
 
+def record_english_truncation(r: Runs, tasks: list[str], seeds: list[int]) -> None:
+    """The English files' truncation a finished finetuning recorded (its ``done.json``: the same for every seed),
+    written beside the system's results for the report (``truncation.py``)."""
+    for task in tasks:
+        for seed in seeds:
+            info = read_done(r.finetune(task, seed)) or {}
+            if info.get("truncation"):
+                for t in map(Truncation.from_dict, info["truncation"]):
+                    write_truncation(r.layout.truncation(r.label, task, t.split, t.lang), t)
+                break
+
+
 def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogger, stop: _StopOnSignal) -> Evaluation:
     table = ResultsTable(r.results)
     tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
@@ -248,6 +262,8 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
     english = [row for task in tasks for seed in seeds for body in bodies
                for row in english_rows(cfg, task, seed, body) if tuple(row[k] for k in KEY) not in done]
     english = table.append(english) if rank == 0 else []
+    if rank == 0:
+        record_english_truncation(r, tasks, seeds)
     for key in dict.fromkeys((row["task"], row["seed"], row["body"]) for row in english):
         wandb.log([row for row in english if (row["task"], row["seed"], row["body"]) == key])
     todo = [p for p in plan if (r.label, "primary", p[0], p[2], p[1], checkpoint_step(p[3])) not in done]
@@ -285,7 +301,13 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
         if key not in cache:
             tok = load_prepared_tokenizer(cfg, lang)
             records = data.records(cfg.evaluate.split, lang)
-            cache[key] = (tok, records, data.features(records, tok))
+            features, cut = data.featurise(records, tok)
+            cache[key] = (tok, records, features)
+            if cut is not None:
+                trunc = Truncation(task, cfg.evaluate.split, lang, data.split_file(cfg.evaluate.split, lang),
+                                   data.cfg.max_len, len(records), cut)
+                say(trunc)
+                write_truncation(r.layout.truncation(r.label, task, trunc.split, lang), trunc)
         tok, records, features = cache[key]
         adapted = load_adaptation(path)
         check_adaptation(adapted, cfg, lang, path)

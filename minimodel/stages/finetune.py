@@ -32,7 +32,7 @@ from minimodel.data.mlm import ResumableSampler
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.task_features import pad_collate
 from minimodel.data.tasks import TaskData
-from minimodel.data.tokenizer import PAD
+from minimodel.data.tokenizer import PAD, AnyTokenizer
 from minimodel.errors import ConfigError, TaskDataError
 from minimodel.layout import finetuned_model, is_done, read_done
 from minimodel.log import get_logger
@@ -42,6 +42,7 @@ from minimodel.surgery import extract_mini, freeze_all_but, primary_only
 from minimodel.systems import adapt_depth, external_primary, mini_head, runs
 from minimodel.training.optim import UpdateGuard, lightning_optim
 from minimodel.training.runner import Outcome, Runner, Stage, StageResult, Training
+from minimodel.truncation import Truncation, say
 
 log = get_logger(__name__)
 
@@ -186,6 +187,21 @@ def finetune_optim(cfg: ExperimentConfig, task: str, n_train: int) -> OptimConfi
                        micro_batch=f.micro_batch, grad_clip=f.grad_clip)
 
 
+def featurise_english(data: TaskData, tok: AnyTokenizer, *splits: list[dict[str, Any]]
+                      ) -> tuple[list[list[dict[str, Any]]], list[Truncation]]:
+    """The features of the train, dev and test records (English), and how many of each file were cut to
+    ``max_len`` (said in the log when any was; none for QA)."""
+    features, truncation = [], []
+    for split, records in zip(("train", "dev", "test"), splits):
+        rows, cut = data.featurise(records, tok)
+        features.append(rows)
+        if cut is not None:
+            truncation.append(Truncation(data.name, split, "en", data.split_file(split), data.cfg.max_len,
+                                         len(records), cut))
+            say(truncation[-1])
+    return features, truncation
+
+
 def check_train_file(cfg: ExperimentConfig, task: str, run_dir: Path) -> None:
     """A finished run whose train file has changed since is not "complete" for today's task: say so."""
     done = read_done(run_dir)
@@ -214,7 +230,7 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
         if cfg.tasks[task].max_train_examples:
             train_records = train_records[: cfg.tasks[task].max_train_examples]
         dev_records, test_records = data.records("dev"), data.records("test", "en")
-        train, dev, test = (data.features(r, tok) for r in (train_records, dev_records, test_records))
+        (train, dev, test), truncation = featurise_english(data, tok, train_records, dev_records, test_records)
         optim = finetune_optim(cfg, task, len(train))
         steps_per_epoch = max(1, optim.updates // max(1, math.ceil(cfg.finetune.epochs)))
         t = replace(cfg.finetune.trainer, val_every=min(cfg.finetune.trainer.val_every, steps_per_epoch))
@@ -238,7 +254,8 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
                               english=english, step=trainer.global_step)
             atomic.save_torch(model.to_dict(), finetuned_model(run_dir))
             log.info(f"{task} seed {seed}: English dev {english['dev']}, test {english['test']}")
-            return {"english": english, "train_sha256": meta["train_sha256"]}
+            return {"english": english, "train_sha256": meta["train_sha256"],
+                    "truncation": [t.to_dict() for t in truncation]}
 
         return Training(module, dm, optim, t, keep_steps=False, finish=finish)
 
