@@ -12,7 +12,7 @@ from minimodel.experiment import load_experiment
 from minimodel.metrics import classification_scores
 from minimodel.report.curves import speedups
 from minimodel.report.document import render_report, summary_text
-from minimodel.report.formatting import AT_STEP0, BELOW
+from minimodel.report.formatting import AT_STEP0, BELOW, NO_TARGET
 from minimodel.report.reading import results_from_rows
 from minimodel.report.tables import table_final, table_time
 from minimodel.task_metrics import majority_scores, metrics_of, scores_from_counts
@@ -100,8 +100,12 @@ def test_a_target_met_at_step_0_is_shown_so_and_its_speedup_is_undefined():
     assert sp.undefined == ("de",) and not sp.used and not sp.excluded
     report = render_report(res, "x", {})
     assert "| minijoint | undefined" in report
-    assert "speedup undefined in de: the target is met at step 0 by one side" in report
+    # BL_BASE's own step-0 score is above its target: the target is flagged (issue 29, part 3) and left out
+    assert f"{NO_TARGET} target at or below the baseline in de" in report
     assert "0×" not in report and "| minijoint | ∞" not in report
+    # only the system is past the target at step 0: its speedup there is undefined
+    res2 = results_from_rows(rows("bl_base", [(0, 50.0), (10, 60.0)]) + rows("minijoint", [(0, 59.0), (10, 61.0)]))
+    assert "speedup undefined in de: the target is met at step 0 by one side" in render_report(res2, "x", {})
     line = next(x for x in summary_text(res).splitlines() if x.startswith("t          minijoint"))
     assert AT_STEP0 in line and "undefined" in line
     # a reference at step 0 and a system that needs adaptation: still no ratio (not 0)

@@ -9,6 +9,7 @@ One concern per module; each imports only those above it in this list (no cycles
 * ``reading``: ``Results`` read from ``results.jsonl`` rows (seeds pooled, main metric of each task)
 * ``intervals``: bootstrap intervals over seeds of any estimate of ``Results``, and of the time to target
 * ``formatting``: how numbers, intervals and Markdown tables are written
+* ``marks``: what the report marks (▼ ▽ ↓ ⊘) and holds back (the claims on a task near chance)
 * ``tables``: Tables 2-5 and the speedups over BL_BASE (Figure 1 in numbers)
 * ``figures``: Figure 3 (score against V100-days, one PNG per task)
 * ``claims``: the paper's claims checked one by one (estimate, interval, rule, verdict)

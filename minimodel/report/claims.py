@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import reduce
 from statistics import fmean as mean
 
-from minimodel.report.formatting import fmt_speedup
+from minimodel.report.formatting import fmt_speedup, no_interval
 from minimodel.report.intervals import bootstrap, seeds_of_system
 from minimodel.report.reading import REFERENCE, Results
 from minimodel.report.statistics import Interval
@@ -103,9 +103,12 @@ def final_cost(res: Results, system: str, task: str) -> float:
 
 def verdict(iv: Interval, above: float | None = None, below: float | None = None) -> str:
     """held when the whole interval is above ``above`` (or below ``below``), not held when it is wholly on the other
-    side, inconclusive otherwise; not measured without an interval."""
-    if math.isnan(iv.point) or math.isnan(iv.low):
+    side, inconclusive otherwise; not measured without an estimate, no interval when too few resamples give one
+    (``statistics.MIN_DEFINED``)."""
+    if math.isnan(iv.point):
         return "not measured"
+    if math.isnan(iv.low):
+        return "no interval"
     if above is not None:
         return "held" if iv.low > above else ("not held" if iv.high < above else "inconclusive")
     assert below is not None
@@ -115,14 +118,15 @@ def verdict(iv: Interval, above: float | None = None, below: float | None = None
 def _both(a: str, b: str) -> str:
     if a == b:
         return a
-    if "not measured" in (a, b):
-        return "not measured"
-    if "not held" in (a, b):
-        return "not held"
+    for worst in ("not measured", "not held", "no interval"):
+        if worst in (a, b):
+            return worst
     return "inconclusive"
 
 
 def _iv(iv: Interval, fmt: Callable[[float], str]) -> str:
+    if math.isnan(iv.low) and not math.isnan(iv.point):
+        return f"{fmt(iv.point)} ({no_interval(iv)})"
     return f"{fmt(iv.point)} [{fmt(iv.low)}, {fmt(iv.high)}]"
 
 
@@ -219,7 +223,7 @@ def claims(res: Results, task: str, depths: Mapping[str, int] | None = None, rep
     if _has(res, REFERENCE) and far and close:
         def ratio(r: Results) -> float:
             days = {x: r.days_to_target(REFERENCE, task, x) for x in (*far, *close)}
-            if any(d is None or math.isinf(d) or d <= 0 for d in days.values()):
+            if any(d is None or math.isinf(d) or d <= 0 or r.target_flag(task, x) for x, d in days.items()):
                 return math.nan
             return mean(days[x] for x in far) / mean(days[x] for x in close)  # type: ignore[misc]
         iv = b([REFERENCE], ratio)

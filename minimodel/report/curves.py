@@ -4,7 +4,7 @@ and the speedup over the reference as the mean of per-language ratios. Plain cur
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import fmean as mean
 
@@ -50,27 +50,57 @@ def time_to_target(xs: Sequence[float], scores: Sequence[float], target: float) 
     return math.inf
 
 
+def uninformative_target(target: float, baseline: float | None, ref_step0: float | None) -> bool:
+    """The target is at or below the majority-class baseline or the reference's step-0 score (the unadapted
+    embeddings): reaching it means nothing, so it is left out of speedups and of averages of days."""
+    tol = 1e-9 * max(1.0, abs(target))
+    return any(b is not None and target <= b + tol for b in (baseline, ref_step0))
+
+
+def mean_days(days: Sequence[float]) -> float:
+    """The average over languages of the days to target, a number only when every language reaches the target after
+    some adaptation: ∞ when none ever does; nan (not a number) when one reaches it at step 0 (0 days), when some but
+    not all never do, or when one has no measurable time (nan: its target is uninformative).
+
+    >>> mean_days([1.0, 3.0]), mean_days([1.0, 0.0]), mean_days([1.0, math.inf]), mean_days([math.inf])
+    (2.0, nan, nan, inf)
+    """
+    if not days or any(math.isnan(d) for d in days):
+        return math.nan
+    if all(math.isinf(d) for d in days):
+        return math.inf
+    return math.nan if any(math.isinf(d) or d <= 0 for d in days) else mean(days)
+
+
 @dataclass(frozen=True)
 class Speedup:
     """Mean over languages of BL_BASE days / system days; ``excluded``: languages where a side never reaches
-    the target (∞); ``undefined``: languages where a side reaches it at step 0 (0 days: no ratio)."""
+    the target (∞); ``undefined``: languages where a side reaches it at step 0 (0 days: no ratio);
+    ``no_target``: languages whose target is uninformative (``uninformative_target``)."""
 
     mean: float  # nan when no language is usable
     used: tuple[str, ...]
     excluded: tuple[str, ...]
     undefined: tuple[str, ...] = ()
+    no_target: tuple[str, ...] = ()
 
 
-def speedups(base_days: Mapping[str, float], system_days: Mapping[str, float]) -> Speedup:
+def speedups(base_days: Mapping[str, float], system_days: Mapping[str, float],
+             skip: Collection[str] = ()) -> Speedup:
     """Average speedup over the reference: the MEAN of the per-language ratios (not the ratio of mean
-    days), over the languages both have; languages where either side is ∞ are excluded.
+    days), over the languages both have; languages where either side is ∞ are excluded, and those in ``skip``
+    (uninformative targets) are left out.
 
     >>> speedups({"ar": 10.0, "de": 2.0}, {"ar": 1.0, "de": 2.0}).mean  # (10 + 1) / 2, not 6 / 1.5
     5.5
     """
     used, excluded, undefined, ratios = [], [], [], []
-    for lang in sorted(set(base_days) & set(system_days)):
+    both = sorted(set(base_days) & set(system_days))
+    no_target = tuple(lang for lang in both if lang in skip)
+    for lang in both:
         b, s = base_days[lang], system_days[lang]
+        if lang in skip:
+            continue
         if math.isinf(b) or math.isinf(s):
             excluded.append(lang)
         elif b <= 0 or s <= 0:  # the target is met before any adaptation: no compute to compare
@@ -78,4 +108,5 @@ def speedups(base_days: Mapping[str, float], system_days: Mapping[str, float]) -
         else:
             used.append(lang)
             ratios.append(b / s)
-    return Speedup(sum(ratios) / len(ratios) if ratios else math.nan, tuple(used), tuple(excluded), tuple(undefined))
+    return Speedup(sum(ratios) / len(ratios) if ratios else math.nan, tuple(used), tuple(excluded), tuple(undefined),
+                   no_target)

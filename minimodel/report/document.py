@@ -13,23 +13,28 @@ from minimodel.layout import Layout
 from minimodel.report.claims import claims_table
 from minimodel.report.figures import plot_curves
 from minimodel.report.formatting import (
-    AT_STEP0,
     BELOW,
+    LOWERED,
     MISSING,
-    fmt_days,
+    NO_TARGET,
+    SEED_BELOW,
     fmt_score,
     mean_or_none,
     speedup_cell,
     speedup_interval,
 )
 from minimodel.report.intervals import BOOTSTRAP_REPS, seeds_of_system, time_to_target_interval
+from minimodel.report.marks import CLAIMS_MARGIN, claims_gate, flagged_all, flagged_targets, unchecked
 from minimodel.report.reading import NEAR_MAX, REFERENCE, Results, load_results
+from minimodel.report.statistics import MIN_DEFINED
 from minimodel.report.tables import (
+    days_average,
     system_speedup,
     table_baselines,
     table_depth,
     table_english,
     table_final,
+    table_other_metrics,
     table_speedup,
     table_time,
 )
@@ -40,6 +45,17 @@ DEV_NOTE = (": the target-language dev sets, for choosing settings; the results 
             "report.md")
 NO_REFERENCE = (f"No {REFERENCE} (BL_BASE) results: there is no near-maximal target ({NEAR_MAX:.0%} of BL_BASE's "
                 "final score), so the times to target, the speedups and the depth sweep are left out.")
+INTERVAL_RULE = (f"An interval is given only when its estimate is defined and at least {MIN_DEFINED:.0%} of the "
+                 "resamples give one too (otherwise: *no interval*, with the share of resamples that gave none, and "
+                 "no verdict).")
+MARKS = (f"{BELOW}: the mean score does not beat the majority-class baseline (always the most frequent training "
+         f"label); {SEED_BELOW}: the mean does, but at least one seed does not; {LOWERED}: below the system's own "
+         f"step-0 score (before adaptation: adaptation lowered it); {NO_TARGET} (target row): the target is at or "
+         f"below the majority-class baseline or {REFERENCE}'s step-0 score, so reaching it means nothing: that language "
+         "is left out of speedups and averages of days.")
+CLAIMS_RULE = (f"The claims are read on a task only when the systems clearly beat chance there: in every language, "
+               f"every seed of {REFERENCE}'s final score beats the majority-class baseline and their mean beats it by "
+               f"at least {CLAIMS_MARGIN:g} points.")
 
 
 def pretraining_note(res: Results) -> str:
@@ -78,14 +94,20 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
                 "Zero-shot score at the last adaptation checkpoint per target language, its average over the "
                 "task's languages (— when a language is missing), and the cost of step 2 (embedding adaptation) "
                 "per language in EFLOPs and V100-days (30 TFLOP/s). The last row is the near-maximal target. "
-                f"{BELOW}: the score does not beat the majority-class baseline (always the most frequent training "
-                "label).", "",
-                table_final(res), ""]
+                + MARKS, "", table_final(res), ""]
         flagged = below_baseline_list(res)
         if flagged:
             out += [f"**{BELOW} Below the majority-class baseline:** {flagged}. A model that does not beat always "
                     "predicting the most frequent label has learned nothing usable there; check the task's label "
                     "balance and its other metrics (baselines below) before reading the other tables.", ""]
+        out += [line + "\n" for line in mark_lines(res, bold=True)]
+        others = table_other_metrics(res)
+        if others:
+            out += ["## Performance at training completion in the other metrics", "",
+                    "Table 2's final scores in each other metric the task reports, with that metric's majority-class "
+                    "baseline (marks as in Table 2, against that baseline and the metric's own step-0 score). "
+                    "Per-class F1 and the confusion matrix are rows of `results.jsonl` (`f1/LABEL`, "
+                    "`confusion/GOLD/PREDICTED`).", "", others, ""]
         baselines = table_baselines(res)
         if baselines:
             out += ["## Baselines", "",
@@ -100,15 +122,19 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
             out += ["## V100-days to near-maximal performance (Table 3)", "",
                     f"Adaptation V100-days until the score first reaches {NEAR_MAX:.0%} of BL_BASE's final score for "
                     "that task and language (the same target for every system), linearly interpolated between the "
-                    "checkpoint before and the first checkpoint that reaches it; ∞ when never reached "
-                    f"(the average is then ∞ too); *{AT_STEP0}* when already reached before any adaptation (the "
-                    "target is at or below the score of the unadapted embeddings: no compute is needed, and "
-                    "speedups there are undefined).", "", time_table, ""]
+                    "checkpoint before and the first checkpoint that reaches it; ∞ when never reached; "
+                    "*at step 0* when already reached before any adaptation (the target is at or below the score of "
+                    "the unadapted embeddings: no compute is needed, and speedups there are undefined); "
+                    f"{NO_TARGET} on a language: its target is at or below the baseline. The average over languages "
+                    "is a number only when every language reaches the target after some adaptation (∞ when none "
+                    f"ever does, *at step 0* when all do at once); otherwise — and the languages that make it so "
+                    f"are named below the table. {INTERVAL_RULE}", "", time_table, ""]
             speed = table_speedup(res)
             if speed:
                 out += ["## Speedup over BL_BASE (Figure 1)", "",
                         "Mean over languages of the per-language ratio BL_BASE days / system days (not the ratio "
-                        "of mean days); languages where either side never reaches the target are excluded.", "",
+                        "of mean days); languages where either side never reaches the target are excluded, and "
+                        f"those whose target is at or below the baseline ({NO_TARGET}) left out. {INTERVAL_RULE}", "",
                         speed, ""]
             depth = table_depth(res)
             if depth:
@@ -116,13 +142,7 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
                         "V100-days to near-maximal performance (still 95% of BL_BASE) for each depth N of the "
                         "mini-model; the last row is the average speedup over BL_BASE.", "", depth, ""]
     if res.curves and any(s == REFERENCE for s, _, _ in res.curves):
-        out += ["## The paper's claims", "",
-                "Each claim of the paper, its figure there, ours with a 95% bootstrap interval over finetuning seeds "
-                "(n per system), the rule that decides *held*, and the verdict: *held* when the interval lies on the "
-                "claim's side of the rule, *not held* when it lies on the other side, *inconclusive* when it spans "
-                "the rule's threshold. Rows marked \"not in the paper\" check minimodel's extensions of the method "
-                "(multi-head pretraining, progressive adaptation, active forgetting) the same way.", "",
-                claims_table(res, depths, variants=variants), ""]
+        out += claims_section(res, depths, variants)
     english = table_english(res)
     if english:
         out += ["## English (Table 5)", "",
@@ -135,6 +155,25 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
         out += [f"![{task}]({link})\n" for task, link in plots.items()]
     out += truncation or []
     return "\n".join(out)
+
+
+def claims_section(res: Results, depths: Mapping[str, int] | None, variants: Mapping[str, Any] | None) -> list[str]:
+    """The paper's claims, for the tasks where the systems clearly beat chance (``marks.claims_gate``); one line
+    for each task left out, saying why."""
+    shown = [t for t in res.tasks if claims_gate(res, t) is None]
+    notes = [f"**{t}**: left out: {why}." for t in res.tasks if (why := claims_gate(res, t))]
+    notes += [f"**{t}**: not checked in {', '.join(langs)} (no majority-class baseline or no {REFERENCE} score)."
+              for t in shown if (langs := unchecked(res, t))]
+    out = ["## The paper's claims", "",
+           "Each claim of the paper, its figure there, ours with a 95% bootstrap interval over finetuning seeds "
+           "(n per system), the rule that decides *held*, and the verdict: *held* when the interval lies on the "
+           "claim's side of the rule, *not held* when it lies on the other side, *inconclusive* when it spans "
+           "the rule's threshold. Rows marked \"not in the paper\" check minimodel's extensions of the method "
+           f"(multi-head pretraining, progressive adaptation, active forgetting) the same way. {INTERVAL_RULE} "
+           + CLAIMS_RULE, "", *(n + "\n" for n in notes)]
+    if shown:
+        out += [claims_table(res, depths, tasks=shown, variants=variants), ""]
+    return out
 
 
 def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
@@ -163,6 +202,7 @@ def summary_text(res: Results) -> str:
         return "no results"
     has_ref = any(s == REFERENCE for s, _, _ in res.curves)
     lines = [f"{'task':<10} {'system':<16} {'final':>7}{'':<6} {'days to 95%':>12} {'speedup':>9}  95% interval"]
+    unaveraged: list[str] = []
     for task in res.tasks:
         langs = res.langs(task)
         for system in res.systems:
@@ -170,37 +210,54 @@ def summary_text(res: Results) -> str:
             if all(p is None for p in finals):
                 continue
             score = mean_or_none([None if p is None else p.score for p in finals])
-            days = mean_or_none([res.days_to_target(system, task, lang) for lang in langs]) if has_ref else None
-            step0 = has_ref and all(res.at_step0(system, task, lang) for lang in langs)
+            when, why = days_average(res, system, task) if has_ref else (MISSING, "")
+            if why:
+                unaveraged.append(f"{system} / {task} ({why})")
             sp = MISSING if system == REFERENCE or not has_ref else speedup_cell(system_speedup(res, system, task))
             ci = time_to_target_interval(res, system, task) if has_ref and system != REFERENCE else None
             extra = "" if ci is None else f"  {speedup_interval(ci)}"
             spread = res.average_stat(system, task)
             spread_text = f" ±{spread.std:.1f}" if spread is not None and spread.n > 1 and not math.isnan(spread.std) else ""
-            when = AT_STEP0 if step0 else fmt_days(days)
             lines.append(f"{task:<10} {system:<16} {fmt_score(score):>7}{spread_text:<6} {when:>12} {sp:>9}{extra}")
     for task in res.tasks:
         base = [res.baselines.get((task, lang)) for lang in res.langs(task)]
         if any(b is not None for b in base):
             per_lang = ", ".join(f"{lang} {fmt_score(b)}" for lang, b in zip(res.langs(task), base))
             lines.append(f"{task:<10} {'majority class':<16} {fmt_score(mean_or_none(base)):>7}{'':<6}   ({per_lang})")
+        for metric, other in sorted(res.secondary.get(task, {}).items()):
+            finals = ", ".join(f"{system} {fmt_stat_mean(other, system, task)}" for system in other.systems)
+            base = mean_or_none([other.baselines.get((task, lang)) for lang in other.langs(task)])
+            lines.append(f"{task:<10} {metric:<16} {finals}" + (f"; majority class {fmt_score(base)}" if base is not None else ""))
+    if unaveraged:
+        lines.append(f"days to 95% {MISSING}: no average over languages for {'; '.join(unaveraged)}")
     flagged = below_baseline_list(res)
     if flagged:
         lines.append(f"{BELOW} below the majority-class baseline: {flagged}")
+    lines += mark_lines(res, bold=False)
     if not has_ref:
         lines.append(NO_REFERENCE)
     return "\n".join(lines)
 
 
 def below_baseline_list(res: Results) -> str:
-    """``system / task: langs; ...`` for every final score that does not beat the majority class ("" if none)."""
-    parts = []
-    for task in res.tasks:
-        for system in res.systems:
-            langs = [lang for lang in res.langs(task) if res.below_baseline(system, task, lang)]
-            if langs:
-                parts.append(f"{system} / {task}: {', '.join(langs)}")
-    return "; ".join(parts)
+    """``system / task: langs; ...`` for every final score that does not beat the majority class, in the main metric
+    and then in the task's other metrics (``system / task (accuracy): langs``); "" if none."""
+    return flagged_all(res, BELOW)
+
+
+def mark_lines(res: Results, bold: bool) -> list[str]:
+    """One line for each of the marks ▽, ↓ and ⊘ that some score or target carries (``marks``)."""
+    texts = [(SEED_BELOW, "A seed at or below the majority-class baseline", flagged_all(res, SEED_BELOW)),
+             (LOWERED, "Below its own step-0 score (adaptation lowered it)", flagged_all(res, LOWERED)),
+             (NO_TARGET, "Target at or below the baseline (left out of speedups and averages of days)",
+              flagged_targets(res))]
+    return [f"**{mark} {what}:** {which}." if bold else f"{mark} {what[0].lower() + what[1:]}: {which}"
+            for mark, what, which in texts if which]
+
+
+def fmt_stat_mean(res: Results, system: str, task: str) -> str:
+    st = res.average_stat(system, task)
+    return MISSING if st is None else fmt_score(st.mean)
 
 
 def summary(runs_dir: str | Path, name: str, baselines: Mapping[tuple[str, str], Mapping[str, float]] | None = None,

@@ -15,6 +15,9 @@ from minimodel.report.statistics import Interval, Seeds, Stat
 
 MISSING = "—"
 BELOW = "▼"  # a final score that does not beat the majority-class baseline
+SEED_BELOW = "▽"  # a final score whose mean beats the majority-class baseline but one of whose seeds does not
+LOWERED = "↓"  # a final score below the system's own step-0 score: adaptation lowered it
+NO_TARGET = "⊘"  # a target at or below the majority-class baseline or BL_BASE's step-0 score: reaching it means nothing
 AT_STEP0 = "at step 0"  # a target met before any adaptation
 
 
@@ -51,26 +54,36 @@ def fmt_stat(x: Stat | None) -> str:
 
 
 def fmt_interval(x: Interval | None, fmt: Any = None) -> str:
-    """``[low, high]`` formatted like the point estimate."""
+    """``[low, high]`` formatted like the point estimate; — without a point estimate, and ``no interval: N% of
+    resamples undefined`` when too few resamples give a number (``statistics.MIN_DEFINED``)."""
     fmt = fmt or fmt_days
-    if x is None or math.isnan(x.low):
+    if x is None or math.isnan(x.point):
         return MISSING
+    if math.isnan(x.low):
+        return no_interval(x)
     return f"[{fmt(x.low)}, {fmt(x.high)}]"
 
 
+def no_interval(x: Interval) -> str:
+    return f"no interval: {x.undefined:.1%} of resamples undefined"
+
+
 def speedup_interval(tt: TimeToTarget | None) -> str:
-    """``[low, high]: verdict``, or just why there is no interval."""
+    """``[low, high]: verdict``, or just why there is no interval (and no verdict)."""
     verdict = speedup_verdict(tt)
-    if tt is None or tt.seeds < 2 or verdict == "no interval":
+    if tt is None or tt.seeds < 2 or math.isnan(tt.speedup.low):
         return f"({verdict})"
     return f"{fmt_interval(tt.speedup, fmt_speedup)}: {verdict}"
 
 
 def speedup_verdict(tt: TimeToTarget | None) -> str:
-    """How a speedup may be read: a headline only when its interval (over at least two seeds) lies above 1."""
+    """How a speedup may be read: a headline only when its interval (over at least two seeds) lies above 1; none
+    when the speedup is undefined or too few resamples give one (``statistics.MIN_DEFINED``)."""
     sp = None if tt is None else tt.speedup
-    if tt is None or sp is None or math.isnan(sp.low):
+    if tt is None or sp is None or math.isnan(sp.point):
         return "no interval"
+    if math.isnan(sp.low):
+        return no_interval(sp)
     if tt.seeds < 2:
         return "one seed: no interval"
     if sp.low > 1:
@@ -95,5 +108,6 @@ def task_title(res: Results, task: str) -> str:
 
 
 def speedup_cell(sp: Speedup) -> str:
-    """The mean speedup, or *undefined* when every language's target is met at step 0 by one side."""
-    return "undefined" if not sp.used and sp.undefined else fmt_speedup(sp.mean)
+    """The mean speedup, or *undefined* when no language is left to compare but some were left out because the
+    target is met at step 0 by one side or is at or below the baseline (⊘)."""
+    return "undefined" if not sp.used and (sp.undefined or sp.no_target) else fmt_speedup(sp.mean)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from statistics import fmean as mean
 from typing import Any
 
-from minimodel.report.curves import mean_curve, speedups, time_to_target
+from minimodel.report.curves import mean_curve, mean_days, speedups, time_to_target, uninformative_target
 from minimodel.report.reading import NEAR_MAX, REFERENCE, Results
 from minimodel.report.statistics import Interval, Seeds, draw, percentile_interval
 
@@ -76,7 +76,8 @@ class TimeToTarget:
 
 def time_to_target_interval(res: Results, system: str, task: str, reps: int = BOOTSTRAP_REPS,
                             seed: int = 0) -> TimeToTarget | None:
-    """``TimeToTarget`` of ``system`` on ``task``; None without BL_BASE or without seeds for every language."""
+    """``TimeToTarget`` of ``system`` on ``task``; None without BL_BASE or without seeds for every language. Each
+    resample reruns the whole measure: its targets, which of them are uninformative, which languages reach them."""
     langs = res.langs(task)
     mine, ref = res.seeds_of(system, task), res.seeds_of(REFERENCE, task)
     if not langs or not mine or not ref or any((s, task, lang) not in res.by_seed
@@ -85,16 +86,20 @@ def time_to_target_interval(res: Results, system: str, task: str, reps: int = BO
     paired = mine == ref
 
     def estimate(my_seeds: Sequence[Seeds], ref_seeds: Sequence[Seeds]) -> tuple[float, float]:
-        mine_days, ref_days = {}, {}
+        mine_days, ref_days, no_target = {}, {}, set()
         for lang in langs:
             ref_curve = mean_curve([res.by_seed[(REFERENCE, task, lang)][x] for x in ref_seeds])
             my_curve = mean_curve([res.by_seed[(system, task, lang)][x] for x in my_seeds])
             if not ref_curve or not my_curve:
                 return math.nan, math.nan
             target = NEAR_MAX * ref_curve[-1].score
+            if uninformative_target(target, res.baselines.get((task, lang)),
+                                    ref_curve[0].score if ref_curve[0].step == 0 else None):
+                no_target.add(lang)
             ref_days[lang] = time_to_target([p.days for p in ref_curve], [p.score for p in ref_curve], target)
             mine_days[lang] = time_to_target([p.days for p in my_curve], [p.score for p in my_curve], target)
-        return mean(mine_days.values()), speedups(ref_days, mine_days).mean
+        days = mean_days([math.nan if lang in no_target else d for lang, d in mine_days.items()])
+        return days, speedups(ref_days, mine_days, skip=no_target).mean
 
     rng = random.Random(seed)
     replicates = []

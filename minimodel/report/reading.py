@@ -13,7 +13,7 @@ from statistics import fmean as mean
 from minimodel import systems
 from minimodel.config.schema import pooled_label
 from minimodel.layout import Layout
-from minimodel.report.curves import Point, time_to_target
+from minimodel.report.curves import Point, time_to_target, uninformative_target
 from minimodel.report.statistics import Seeds, Stat, stat
 from minimodel.results import ResultsTable
 
@@ -40,17 +40,32 @@ class Results:
     baselines: dict[tuple[str, str], float] = field(default_factory=dict)  # (task, lang) -> majority-class score
     baseline_metrics: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)  # ... every metric
     split: str = "test"  # the target-language sets the scores are on: test, or dev (choosing settings)
+    # task -> metric -> the same results in another scalar metric of the task (accuracy beside macro-F1, ...)
+    secondary: dict[str, dict[str, Results]] = field(default_factory=dict)
 
     def set_baselines(self, baselines: Mapping[tuple[str, str], Mapping[str, float]] | None) -> None:
         """The majority-class baseline of each (task, language), every metric; the main metric's is ``baselines``."""
         self.baseline_metrics = {k: dict(v) for k, v in (baselines or {}).items()}
         self.baselines = {(t, lang): v[self.metrics[t]] for (t, lang), v in self.baseline_metrics.items()
                           if t in self.metrics and self.metrics[t] in v}
+        for by_metric in self.secondary.values():
+            for other in by_metric.values():
+                other.set_baselines(baselines)
 
     def below_baseline(self, system: str, task: str, lang: str) -> bool:
         """The system's final score (mean over seeds) does not beat the majority-class baseline."""
         final, base = self.final_stat(system, task, lang), self.baselines.get((task, lang))
         return final is not None and base is not None and final.mean <= base + 1e-9
+
+    def seed_below_baseline(self, system: str, task: str, lang: str) -> bool:
+        """At least one seed's final score does not beat the majority-class baseline."""
+        base = self.baselines.get((task, lang))
+        return base is not None and any(v <= base + 1e-9 for v in self.final_values(system, task, lang))
+
+    def below_step0(self, system: str, task: str, lang: str) -> bool:
+        """The final score (mean over seeds) is below the system's own step-0 score: adaptation lowered it."""
+        final, step0 = self.final_stat(system, task, lang), self.step0_stat(system, task, lang)
+        return final is not None and step0 is not None and final.mean < step0.mean - 1e-9
 
     def step0_stat(self, system: str, task: str, lang: str) -> Stat | None:
         """The score of the unadapted embeddings (adaptation step 0: the overlap initialisation) over seeds."""
@@ -92,12 +107,32 @@ class Results:
         ref = self.final(REFERENCE, task, lang)
         return None if ref is None else NEAR_MAX * ref.score
 
+    def reference_step0(self, task: str, lang: str) -> float | None:
+        """BL_BASE's score at step 0 (seed-averaged), when its curve starts there."""
+        curve = self.curves.get((REFERENCE, task, lang))
+        return curve[0].score if curve and curve[0].step == 0 else None
+
+    def target_flag(self, task: str, lang: str) -> str | None:
+        """Why the target of ``lang`` is uninformative (at or below the majority-class baseline or BL_BASE's step-0
+        score, ``curves.uninformative_target``: reaching it means nothing), or None when it is not."""
+        target, base, step0 = self.target(task, lang), self.baselines.get((task, lang)), self.reference_step0(task, lang)
+        if target is None or not uninformative_target(target, base, step0):
+            return None
+        why = [f"{name} {x:.1f}" for name, x in (("majority class", base), (f"{REFERENCE} at step 0", step0))
+               if x is not None and uninformative_target(target, x, None)]
+        return f"target {target:.1f} ≤ {' and '.join(why)}"
+
     def final_stat(self, system: str, task: str, lang: str) -> Stat | None:
         """The final score over seeds (mean, std, n), at the last step of the seed-averaged curve."""
+        values = self.final_values(system, task, lang)
+        return stat(values) if values else None
+
+    def final_values(self, system: str, task: str, lang: str) -> list[float]:
+        """Each seed's final score (at the last step of the seed-averaged curve)."""
         final = self.final(system, task, lang)
         if final is None:
-            return None
-        return stat([p.score for c in self.by_seed[(system, task, lang)].values() for p in c if p.step == final.step])
+            return []
+        return [p.score for c in self.by_seed[(system, task, lang)].values() for p in c if p.step == final.step]
 
     def average_stat(self, system: str, task: str) -> Stat | None:
         """The final score averaged over the task's languages, then over seeds; None when a language is missing."""
@@ -137,8 +172,21 @@ def results_from_rows(rows: Iterable[dict], main_metrics: Mapping[str, str] | No
                       split: str = "test") -> Results:
     """Average over seeds, main metric of each task (``main_metrics``, else F1 when the task has F1 rows,
     accuracy otherwise), rows of ``split`` (test, or dev: the target dev sets). A checkpoint counts only once every seed seen for its (system, task, language) has it,
-    so a half-finished evaluation does not mix seeds."""
+    so a half-finished evaluation does not mix seeds. Every other scalar metric of a task's rows (a name without
+    ``/``: not ``f1/LABEL`` or ``confusion/GOLD/PREDICTED``) is read the same way into ``Results.secondary``."""
     rows = list(rows)
+    res = _read(rows, main_metrics, split)
+    others = sorted({(r["task"], r["metric"]) for r in rows if int(r["step"]) >= 0 and r.get("split") == split
+                     and isinstance(r.get("metric"), str) and "/" not in r["metric"]})
+    for task, metric in others:
+        if metric != res.metrics.get(task):
+            other = _read([r for r in rows if r["task"] == task], {task: metric}, split)
+            if other.curves:
+                res.secondary.setdefault(task, {})[metric] = other
+    return res
+
+
+def _read(rows: list[dict], main_metrics: Mapping[str, str] | None, split: str) -> Results:
     res = Results(n_rows=len(rows), split=split)
     for r in rows:
         if main_metrics and r["task"] in main_metrics:

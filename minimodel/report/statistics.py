@@ -31,14 +31,22 @@ def stat(values: Sequence[float]) -> Stat:
     return Stat(m, math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)), len(values))
 
 
+MIN_DEFINED = 0.95
+"""An interval is reported only when its point estimate is a number and at least this share of the bootstrap
+resamples give a number too (``percentile_interval``); otherwise low and high are nan."""
+
+
 @dataclass(frozen=True)
 class Interval:
-    """A point estimate and its percentile bootstrap interval (``level``, e.g. 0.95)."""
+    """A point estimate and its percentile bootstrap interval (``level``, e.g. 0.95); ``undefined``: the share of
+    resamples that gave no number (nan). low and high are nan when the point is nan or that share is above
+    1 - ``MIN_DEFINED``: no interval."""
 
     point: float
     low: float
     high: float
     level: float = 0.95
+    undefined: float = 0.0
 
     def spans(self, x: float) -> bool:
         return self.low <= x <= self.high
@@ -56,11 +64,15 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 def percentile_interval(point: float, replicates: list[float], level: float = 0.95) -> Interval:
-    """``point`` with the nearest-rank percentile interval of the bootstrap ``replicates`` (nan ones left out)."""
+    """``point`` with the nearest-rank percentile interval of the bootstrap ``replicates`` (nan ones left out), or
+    no interval (nan bounds) when ``point`` is nan or fewer than ``MIN_DEFINED`` of the replicates are numbers: an
+    interval drawn from the few resamples where an undefined estimate happens to be defined is not one."""
     reps = sorted(r for r in replicates if not math.isnan(r))
-    if not reps:
-        return Interval(point, math.nan, math.nan, level)
-    return Interval(point, _percentile(reps, (1 - level) / 2), _percentile(reps, 1 - (1 - level) / 2), level)
+    undefined = 1 - len(reps) / len(replicates) if replicates else 1.0
+    if math.isnan(point) or not reps or len(reps) < MIN_DEFINED * len(replicates) - 1e-9:
+        return Interval(point, math.nan, math.nan, level, undefined)
+    return Interval(point, _percentile(reps, (1 - level) / 2), _percentile(reps, 1 - (1 - level) / 2), level,
+                    undefined)
 
 
 def draw(rng: random.Random, seeds: Sequence[Seeds]) -> list[Seeds]:

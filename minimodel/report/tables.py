@@ -4,14 +4,15 @@ head (Table 4) and the English scores (Table 5), each as Markdown (one block per
 
 from __future__ import annotations
 
+import math
 from statistics import fmean as mean
 
 from minimodel.flops import v100_days
-from minimodel.report.curves import Speedup, speedups
+from minimodel.report.curves import Speedup, mean_days, speedups
 from minimodel.report.formatting import (
     AT_STEP0,
-    BELOW,
     MISSING,
+    NO_TARGET,
     fmt_days,
     fmt_interval,
     fmt_n,
@@ -25,6 +26,7 @@ from minimodel.report.formatting import (
     task_title,
 )
 from minimodel.report.intervals import time_to_target_interval
+from minimodel.report.marks import score_marks, target_mark
 from minimodel.report.reading import NEAR_MAX, REFERENCE, SWEEP, Results, sort_systems
 from minimodel.report.statistics import Stat
 
@@ -42,8 +44,8 @@ def table_final(res: Results) -> str:
             have = [p for p in finals if p is not None]
             flops = mean(p.flops for p in have)
             rows.append([system, fmt_n(res.seeds_of(system, task)),
-                         *(fmt_stat(res.final_stat(system, task, lang))
-                           + (f" {BELOW}" if res.below_baseline(system, task, lang) else "") for lang in langs),
+                         *(fmt_stat(res.final_stat(system, task, lang)) + score_marks(res, system, task, lang)
+                           for lang in langs),
                          fmt_stat(res.average_stat(system, task)), fmt_days(flops / 1e18), fmt_days(v100_days(flops))])
         base = [res.baselines.get((task, lang)) for lang in langs]
         if any(b is not None for b in base):
@@ -51,11 +53,30 @@ def table_final(res: Results) -> str:
                          "", ""])
         targets = [res.target(task, lang) for lang in langs]
         if any(t is not None for t in targets):
-            rows.append([f"target ({NEAR_MAX:.0%} of {REFERENCE})", "", *(fmt_score(t) for t in targets),
+            rows.append([f"target ({NEAR_MAX:.0%} of {REFERENCE})", "",
+                         *(fmt_score(t) + target_mark(res, task, lang) for lang, t in zip(langs, targets)),
                          fmt_score(mean_or_none(targets)), "", ""])
         blocks.append(task_title(res, task) + "\n\n"
                       + markdown_table(["system", "n", *langs, "avg", "EFLOPs", "V100-days"], rows))
     return "\n\n".join(blocks)
+
+
+def table_other_metrics(res: Results) -> str | None:
+    """Table 2's final scores in every other scalar metric of each task (accuracy beside macro-F1, ...), marked
+    against that metric's own majority-class baseline and step-0 score; None when a task has only its main metric."""
+    blocks = []
+    for task in res.tasks:
+        for metric, other in sorted(res.secondary.get(task, {}).items()):
+            langs = other.langs(task)
+            rows = [[system, fmt_n(other.seeds_of(system, task)),
+                     *(fmt_stat(other.final_stat(system, task, lang)) + score_marks(other, system, task, lang)
+                       for lang in langs), fmt_stat(other.average_stat(system, task))]
+                    for system in other.main_systems]
+            base = [other.baselines.get((task, lang)) for lang in langs]
+            if any(b is not None for b in base):
+                rows.append(["majority class (train)", "", *(fmt_score(b) for b in base), fmt_score(mean_or_none(base))])
+            blocks.append(f"**{task}** ({metric})\n\n" + markdown_table(["system", "n", *langs, "avg"], rows))
+    return "\n\n".join(blocks) or None
 
 
 def table_baselines(res: Results) -> str | None:
@@ -80,6 +101,28 @@ def table_baselines(res: Results) -> str | None:
     return "\n\n".join(blocks) or None
 
 
+def days_average(res: Results, system: str, task: str) -> tuple[str, str]:
+    """The V100-days to target averaged over the task's languages (``curves.mean_days``) as a table cell, and, when it
+    is not a number, which languages make it so (``∞ in es; at step 0 in tr; target ⊘ in tr``). One rule wherever
+    an average of days is shown (Tables 3 and 4, the summary): ∞ when no language ever reaches the target, *at step
+    0* when every one does before any adaptation, — when a language is missing or its time cannot be averaged."""
+    langs = res.langs(task)
+    days = [res.days_to_target(system, task, lang) for lang in langs]
+    if not langs or any(d is None for d in days):
+        return MISSING, ""
+    if all(res.at_step0(system, task, lang) for lang in langs):
+        return AT_STEP0, ""
+    flawed = {lang for lang in langs if res.target_flag(task, lang)}
+    value = mean_days([math.nan if lang in flawed else d for lang, d in zip(langs, days)])  # type: ignore[misc]
+    if not math.isnan(value):
+        return fmt_days(value), ""
+    why = [(f"{what} in " + ", ".join(ls)) for what, ls in (
+        ("∞", [lang for lang, d in zip(langs, days) if d is not None and math.isinf(d)]),
+        (AT_STEP0, [lang for lang, d in zip(langs, days) if d is not None and d <= 0]),
+        (f"target {NO_TARGET}", sorted(flawed))) if ls]
+    return MISSING, "; ".join(why)
+
+
 def table_time(res: Results) -> str | None:
     """Table 3: V100-days to near-maximal performance per language; None without BL_BASE."""
     if not any(s == REFERENCE for s, _, _ in res.curves):
@@ -87,27 +130,31 @@ def table_time(res: Results) -> str | None:
     blocks = []
     for task in res.tasks:
         langs = res.langs(task)
-        rows = []
+        rows, notes = [], []
         for system in res.main_systems:
             days = [res.days_to_target(system, task, lang) for lang in langs]
             if all(d is None for d in days):
                 continue
             ci = time_to_target_interval(res, system, task)
+            avg, why = days_average(res, system, task)
             rows.append([system, *(AT_STEP0 if res.at_step0(system, task, lang) else fmt_days(d)
                                    for lang, d in zip(langs, days)),
-                         AT_STEP0 if all(res.at_step0(system, task, lang) for lang in langs)
-                         else fmt_days(mean_or_none(days)),
-                         fmt_interval(None if ci is None else ci.days)])
-        blocks.append(task_title(res, task) + "\n\n" + markdown_table(["system", *langs, "avg", "95% interval"], rows))
+                         avg, fmt_interval(None if ci is None else ci.days)])
+            if why:
+                notes.append(f"- {system}: no average ({why})")
+        header = ["system", *(lang + target_mark(res, task, lang) for lang in langs), "avg", "95% interval"]
+        blocks.append(task_title(res, task) + "\n\n" + markdown_table(header, rows)
+                      + "".join(f"\n{n}" if i else f"\n\n{n}" for i, n in enumerate(notes)))
     return "\n\n".join(blocks)
 
 
 def system_speedup(res: Results, system: str, task: str) -> Speedup:
-    """The speedup of ``system`` over BL_BASE on ``task`` from their V100-days to target per language."""
+    """The speedup of ``system`` over BL_BASE on ``task`` from their V100-days to target per language; languages with
+    an uninformative target (⊘) are left out."""
     langs = res.langs(task)
     def days(s: str) -> dict[str, float]:
         return {lang: d for lang in langs if (d := res.days_to_target(s, task, lang)) is not None}
-    return speedups(days(REFERENCE), days(system))
+    return speedups(days(REFERENCE), days(system), skip={lang for lang in langs if res.target_flag(task, lang)})
 
 
 def table_speedup(res: Results) -> str | None:
@@ -132,6 +179,9 @@ def table_speedup(res: Results) -> str | None:
                 notes.append(f"{system} / {task}: speedup undefined in {', '.join(sp.undefined)}: the target is met "
                              f"at step 0 by one side (it is at or below the score of the unadapted embeddings), so "
                              f"there is no adaptation compute to compare; left out of the mean")
+            if sp.no_target:
+                notes.append(f"{system} / {task}: {NO_TARGET} target at or below the baseline in "
+                             f"{', '.join(sp.no_target)} (reaching it means nothing); left out of the mean")
         rows.append([system, *cells])
     text = markdown_table(["system", *res.tasks], rows)
     if notes:
@@ -157,12 +207,16 @@ def table_depth(res: Results) -> str | None:
     for task in res.tasks:
         langs = res.langs(task)
         days = {s: [res.days_to_target(s, task, lang) for lang in langs] for s in columns}
-        rows = [[lang, *(AT_STEP0 if res.at_step0(s, task, lang) else fmt_days(days[s][i]) for s in columns)]
+        rows = [[lang + target_mark(res, task, lang),
+                 *(AT_STEP0 if res.at_step0(s, task, lang) else fmt_days(days[s][i]) for s in columns)]
                 for i, lang in enumerate(langs)]
-        rows.append(["avg", *(fmt_days(mean_or_none(days[s])) for s in columns)])
+        averages = {s: days_average(res, s, task) for s in columns}
+        rows.append(["avg", *(averages[s][0] for s in columns)])
         rows.append(["speedup", *(MISSING if s == REFERENCE else fmt_speedup(system_speedup(res, s, task).mean)
                                   for s in columns)])
-        blocks.append(task_title(res, task) + "\n\n" + markdown_table(["language", *names], rows))
+        notes = "".join(f"\n- {name}: no average ({averages[s][1]})" for s, name in zip(columns, names) if averages[s][1])
+        blocks.append(task_title(res, task) + "\n\n" + markdown_table(["language", *names], rows)
+                      + (f"\n{notes}" if notes else ""))
     return "\n\n".join(blocks)
 
 

@@ -1,0 +1,80 @@
+"""What the report marks, and what it holds back because of it: final scores that do not beat the majority-class
+baseline (the mean: ▼; a seed: ▽), final scores below the system's own step-0 score (↓), targets at or below the
+baseline (⊘), and whether the paper's claims can be read on a task at all. Nothing here imports torch."""
+
+from __future__ import annotations
+
+from minimodel.report.formatting import BELOW, LOWERED, NO_TARGET, SEED_BELOW
+from minimodel.report.reading import REFERENCE, Results
+
+CLAIMS_MARGIN = 2.0  # points of the main metric by which BL_BASE's mean final score must beat the majority class
+
+
+def score_marks(res: Results, system: str, task: str, lang: str) -> str:
+    """The marks of a final score: ``▼`` (the mean does not beat the majority-class baseline) or ``▽`` (the mean does,
+    a seed does not: at least as strict as asking the bootstrap interval of the mean to beat it, since no resampled
+    mean is below the lowest seed), and ``↓`` (below the system's own step-0 score); "" when none applies."""
+    marks = []
+    if res.below_baseline(system, task, lang):
+        marks.append(BELOW)
+    elif res.seed_below_baseline(system, task, lang):
+        marks.append(SEED_BELOW)
+    if res.below_step0(system, task, lang):
+        marks.append(LOWERED)
+    return "".join(f" {m}" for m in marks)
+
+
+def target_mark(res: Results, task: str, lang: str) -> str:
+    return f" {NO_TARGET}" if res.target_flag(task, lang) else ""
+
+
+def flagged(res: Results, mark: str, metric: str | None = None) -> str:
+    """``system / task: langs; ...`` for every final score carrying ``mark`` (▼, ▽ or ↓); ``res`` may be a secondary
+    metric's results, named by ``metric`` (``system / task (accuracy): langs``). "" when none does."""
+    test = {BELOW: res.below_baseline, SEED_BELOW: lambda s, t, x: not res.below_baseline(s, t, x)
+            and res.seed_below_baseline(s, t, x), LOWERED: res.below_step0}[mark]
+    parts = []
+    for task in res.tasks:
+        for system in res.systems:
+            langs = [lang for lang in res.langs(task) if test(system, task, lang)]
+            if langs:
+                parts.append(f"{system} / {task}{f' ({metric})' if metric else ''}: {', '.join(langs)}")
+    return "; ".join(parts)
+
+
+def flagged_all(res: Results, mark: str) -> str:
+    """``flagged`` over the main metric, then every other scalar metric of each task."""
+    parts = [flagged(res, mark)] + [flagged(other, mark, metric) for by_metric in res.secondary.values()
+                                    for metric, other in by_metric.items()]
+    return "; ".join(p for p in parts if p)
+
+
+def flagged_targets(res: Results) -> str:
+    """``task: lang (target 43.2 ≤ majority class 44.3); ...`` for every uninformative target ("" if none)."""
+    return "; ".join(f"{task}: {lang} ({why})" for task in res.tasks for lang in res.langs(task)
+                     if (why := res.target_flag(task, lang)))
+
+
+def claims_gate(res: Results, task: str) -> str | None:
+    """Why the paper's claims are not read on ``task`` (None: they are). The rule: in every language of the task,
+    BL_BASE's final score beats the majority-class baseline clearly, i.e. every seed beats it and the mean beats it by
+    at least ``CLAIMS_MARGIN`` points. A language without a known baseline is not checked (``unchecked``)."""
+    weak = []
+    for lang in res.langs(task):
+        base, final = res.baselines.get((task, lang)), res.final_stat(REFERENCE, task, lang)
+        if base is None or final is None:
+            continue
+        lowest = min(res.final_values(REFERENCE, task, lang))
+        if lowest <= base + 1e-9 or final.mean < base + CLAIMS_MARGIN - 1e-9:
+            seed = f", lowest seed {lowest:.1f}" if final.n > 1 else ""
+            weak.append(f"{lang} ({final.mean:.1f}{seed} vs {base:.1f})")
+    if not weak:
+        return None
+    return (f"{REFERENCE}'s final score does not beat the majority-class baseline clearly in {', '.join(weak)}: the "
+            f"claims compare scores near chance there")
+
+
+def unchecked(res: Results, task: str) -> list[str]:
+    """The languages of ``task`` where the claims gate could not be checked (no baseline or no BL_BASE score)."""
+    return [lang for lang in res.langs(task)
+            if res.baselines.get((task, lang)) is None or res.final(REFERENCE, task, lang) is None]

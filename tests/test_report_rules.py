@@ -1,0 +1,196 @@
+"""A report that cannot mislead on a user's own task (issue 29, parts 1-6): an imbalanced binary task (80% one class)
+with macro-F1 as its main metric and accuracy requested beside it, English training, Spanish and Turkish tests, three
+seeds. Every rule is checked on hand-made results rows (the style of test_analysis.py and test_task_metrics.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from minimodel.report.claims import verdict
+from minimodel.report.curves import mean_days, speedups
+from minimodel.report.document import render_report, summary_text
+from minimodel.report.formatting import BELOW, LOWERED, NO_TARGET, SEED_BELOW, speedup_interval, speedup_verdict
+from minimodel.report.intervals import time_to_target_interval
+from minimodel.report.marks import claims_gate
+from minimodel.report.reading import results_from_rows
+from minimodel.report.statistics import percentile_interval
+from minimodel.report.tables import days_average, system_speedup, table_final, table_other_metrics, table_time
+
+STEPS = (0, 10, 20)
+BASELINES = {("t", lang): {"accuracy": 79.6, "macro_f1": 44.3} for lang in ("es", "tr")}
+
+
+def rows(system: str, lang: str, seeds: dict[int, tuple[float, ...]], metric: str = "macro_f1") -> list[dict]:
+    """One row per (seed, step): ``seeds`` maps a seed to its scores at STEPS; 1e-8 V100-days per step."""
+    return [{"system": system, "body": "primary", "task": "t", "lang": lang, "seed": seed, "step": step,
+             "flops": step * 1e10, "v100_days": step * 1e-8, "split": "test", "metric": metric, "value": v}
+            for seed, scores in seeds.items() for step, v in zip(STEPS, scores)]
+
+
+def same(scores: tuple[float, ...]) -> dict[int, tuple[float, ...]]:
+    return {seed: scores for seed in (1, 2, 3)}
+
+
+def own_task() -> list[dict]:
+    """The issue's numbers. BL_BASE: es reaches its target (95% of 49.4 = 46.9) after 9.9e-8 days; tr ends at
+    45.5 ± 1.6 (one seed at 43.9, below the majority class's 44.3) and below its own step-0 score (47.9), so its
+    target (43.2) is below both. MiniPost never reaches es's target and is past tr's at step 0. Accuracy: every
+    system below the majority class's 79.6."""
+    return [*rows("bl_base", "es", same((40.0, 47.0, 49.4))),
+            *rows("bl_base", "tr", {1: (47.9, 46.0, 43.9), 2: (47.9, 46.0, 45.5), 3: (47.9, 46.0, 47.1)}),
+            *rows("minipost", "es", {1: (40.0, 43.0, 44.0), 2: (40.0, 43.0, 44.5), 3: (40.0, 47.0, 48.0)}),
+            *rows("minipost", "tr", same((47.5, 46.0, 45.0))),
+            *rows("bl_base", "es", same((70.0, 75.0, 76.0)), "accuracy"),
+            *rows("bl_base", "tr", same((79.0, 78.0, 77.0)), "accuracy"),
+            *rows("minipost", "es", same((70.0, 74.0, 75.0)), "accuracy"),
+            *rows("minipost", "tr", same((79.0, 78.0, 80.0)), "accuracy")]
+
+
+def read(data: list[dict], baselines: bool = True):
+    r = results_from_rows(data, {"t": "macro_f1"})
+    r.set_baselines(BASELINES if baselines else None)
+    return r
+
+
+@pytest.fixture()
+def res():
+    return read(own_task())
+
+
+# ---- 1. an undefined speedup has no interval and no verdict ------------------------------------------
+
+def test_no_interval_without_a_point_estimate_or_from_mostly_undefined_resamples():
+    assert math.isnan(percentile_interval(math.nan, [1.86] * 100).low)  # the issue's "undefined [1.86×, 1.86×]"
+    few = percentile_interval(2.0, [1.5] * 90 + [math.nan] * 10)  # 10% of the resamples undefined: no interval
+    assert math.isnan(few.low) and few.undefined == pytest.approx(0.10)
+    enough = percentile_interval(2.0, [1.5] * 96 + [2.5] * 1 + [math.nan] * 3)  # 3%: an interval of the others
+    assert (enough.low, enough.high, enough.undefined) == (1.5, 1.5, pytest.approx(0.03))
+    assert verdict(few, above=1.0) == "no interval" and verdict(percentile_interval(math.nan, []), above=1.0) == \
+        "not measured"
+
+
+def test_an_undefined_speedup_prints_neither_interval_nor_verdict(res):
+    sp = system_speedup(res, "minipost", "t")  # es: never reached; tr: target below the baseline
+    assert math.isnan(sp.mean) and sp.excluded == ("es",) and sp.no_target == ("tr",)
+    tt = time_to_target_interval(res, "minipost", "t", reps=300)
+    assert math.isnan(tt.speedup.point) and math.isnan(tt.speedup.low)
+    assert speedup_interval(tt) == "(no interval)" and speedup_verdict(tt) == "no interval"
+    report = render_report(res, "mytask", {})
+    assert "| minipost | undefined (no interval) |" in report
+    line = next(x for x in summary_text(res).splitlines() if x.startswith("t          minipost"))
+    assert "undefined" in line and "faster" not in line and "[" not in line
+
+
+# ---- 2. "at step 0" and ∞ make an average of days not a number -----------------------------------------
+
+def test_an_average_over_a_language_met_at_step_0_or_never_is_not_a_number(res):
+    assert math.isnan(mean_days([9.9e-8, 0.0])) and math.isnan(mean_days([1.0, math.inf]))
+    assert mean_days([math.inf, math.inf]) == math.inf and mean_days([1.0, 3.0]) == 2.0
+    assert days_average(res, "bl_base", "t") == ("—", f"at step 0 in tr; target {NO_TARGET} in tr")
+    assert days_average(res, "minipost", "t") == ("—", f"∞ in es; at step 0 in tr; target {NO_TARGET} in tr")
+    time = table_time(res)
+    assert "| bl_base | 9.9e-08 | at step 0 | — | — |" in time  # not (9.9e-08 + 0) / 2 = 4.95e-08
+    assert "4.95e-08" not in time and f"- bl_base: no average (at step 0 in tr; target {NO_TARGET} in tr)" in time
+    text = summary_text(res)
+    bl = next(x for x in text.splitlines() if x.startswith("t          bl_base"))
+    assert "e-0" not in bl and " — " in bl
+    assert "days to 95% —: no average over languages for bl_base / t (at step 0 in tr; target ⊘ in tr)" in text
+
+
+def test_days_without_seeds_of_every_language_stay_missing_and_an_all_infinite_average_is_inf():
+    r = read([*rows("bl_base", "es", same((40.0, 47.0, 60.0))), *rows("bl_small", "es", same((40.0, 41.0, 42.0)))])
+    assert days_average(r, "bl_small", "t") == ("∞", "")
+
+
+# ---- 3. a target at or below the baseline is flagged and left out of speedups ---------------------------
+
+def test_a_target_at_or_below_the_majority_class_or_step_0_is_flagged_and_left_out(res):
+    assert res.target_flag("t", "tr") == "target 43.2 ≤ majority class 44.3 and bl_base at step 0 47.9"
+    assert res.target_flag("t", "es") is None
+    final = table_final(res)
+    assert f"| target (95% of bl_base) |  | 46.9 | 43.2 {NO_TARGET} |" in final
+    assert f"| system | es | tr {NO_TARGET} | avg | 95% interval |" in table_time(res)
+    assert speedups({"tr": 1.0}, {"tr": 0.5}, skip={"tr"}).no_target == ("tr",)
+    report = render_report(res, "mytask", {})
+    assert f"minipost / t: {NO_TARGET} target at or below the baseline in tr" in report
+    assert f"**{NO_TARGET} Target at or below the baseline (left out of speedups and averages of days):** t: tr " \
+           "(target 43.2 ≤ majority class 44.3 and bl_base at step 0 47.9)." in report
+    assert f"{NO_TARGET} target at or below the baseline" in summary_text(res)
+    # only the baseline: a target above the step-0 score but at the majority class is flagged too
+    r = read(rows("bl_base", "es", same((30.0, 40.0, 46.0))))
+    assert r.target_flag("t", "es") == "target 43.7 ≤ majority class 44.3"
+
+
+def test_a_resample_whose_target_falls_to_the_baseline_leaves_that_language_out():
+    """Both seeds reach the target after 5 of 10 steps; one seed's final score puts its target at the baseline: in
+    the resamples that draw it twice, the language is left out, so that speedup is undefined."""
+    # the target of seed 2 alone: 95% of 46 = 43.7 ≤ 44.3
+    r = read([*rows("bl_base", "es", {1: (0.0, 60.0, 60.0), 2: (0.0, 44.0, 46.0)}),
+              *rows("minijoint", "es", {1: (0.0, 60.0, 60.0), 2: (0.0, 44.0, 46.0)})])
+    tt = time_to_target_interval(r, "minijoint", "t", reps=400)
+    assert tt.speedup.point == pytest.approx(1.0) and 0.15 < tt.speedup.undefined < 0.35
+    assert math.isnan(tt.speedup.low) and speedup_verdict(tt).startswith("no interval: ")
+
+
+# ---- 4. a seed at the baseline, and adaptation that lowered the score ---------------------------------
+
+def test_a_seed_at_the_baseline_and_a_final_below_step_0_are_marked(res):
+    final = table_final(res)
+    assert f"| bl_base | 3 | 49.4 ± 0.0 | 45.5 ± 1.6 {SEED_BELOW} {LOWERED} |" in final  # a seed at 43.9; 47.9 at step 0
+    assert f"| minipost | 3 | 45.5 ± 2.2 {SEED_BELOW} | 45.0 ± 0.0 {LOWERED} |" in final  # seed 1 ends at 44.0
+    report = render_report(res, "mytask", {})
+    for mark in (SEED_BELOW, LOWERED, NO_TARGET, BELOW):  # the legend explains every mark
+        assert f"{mark}: " in report or f"{mark} (target row): " in report
+    assert f"**{SEED_BELOW} A seed at or below the majority-class baseline:** bl_base / t: tr; minipost / t: es." \
+        in report
+    assert f"**{LOWERED} Below its own step-0 score (adaptation lowered it):** bl_base / t: tr; minipost / t: tr; " \
+           "bl_base / t (accuracy): tr." in report
+    text = summary_text(res)
+    assert f"{SEED_BELOW} a seed at or below the majority-class baseline: bl_base / t: tr; minipost / t: es" in text
+    assert f"{LOWERED} below its own step-0 score (adaptation lowered it): bl_base / t: tr" in text
+
+
+# ---- 5. every requested scalar metric, with its own baseline ------------------------------------------
+
+def test_every_requested_scalar_metric_gets_its_table_and_baseline(res):
+    assert set(res.secondary["t"]) == {"accuracy"}  # f1/LABEL and confusion/... rows would not count
+    other = table_other_metrics(res)
+    assert "**t** (accuracy)" in other
+    assert f"| bl_base | 3 | 76.0 ± 0.0 {BELOW} | 77.0 ± 0.0 {BELOW} {LOWERED} | 76.5 ± 0.0 |" in other  # 79 at step 0
+    assert "| minipost | 3 | 75.0 ± 0.0 ▼ | 80.0 ± 0.0 | 77.5 ± 0.0 |" in other  # tr: beats 79.6 and its step 0
+    assert "| majority class (train) |  | 79.6 | 79.6 | 79.6 |" in other
+    report = render_report(res, "mytask", {})
+    assert "## Performance at training completion in the other metrics" in report
+    assert f"**{BELOW} Below the majority-class baseline:** bl_base / t (accuracy): es, tr; minipost / t " \
+           "(accuracy): es." in report
+    text = summary_text(res)
+    assert "t          accuracy         bl_base 76.5, minipost 77.5; majority class 79.6" in text
+    assert "bl_base / t (accuracy): es, tr" in text
+    expanded = [r | {"metric": "f1/yes"} for r in own_task() if r["metric"] == "accuracy"]
+    assert set(results_from_rows(own_task() + expanded, {"t": "macro_f1"}).secondary["t"]) == {"accuracy"}
+    assert table_other_metrics(results_from_rows([r for r in own_task() if r["metric"] == "macro_f1"])) is None
+
+
+# ---- 6. the paper's claims only where the systems clearly beat chance -------------------------------
+
+def test_the_claims_are_left_out_where_bl_base_does_not_clearly_beat_the_majority_class(res):
+    assert claims_gate(res, "t") == ("bl_base's final score does not beat the majority-class baseline clearly in tr "
+                                     "(45.5, lowest seed 43.9 vs 44.3): the claims compare scores near chance there")
+    report = render_report(res, "mytask", {})
+    assert "## The paper's claims" in report and "| claim | paper |" not in report
+    assert "**t**: left out: bl_base's final score does not beat the majority-class baseline clearly in tr" in report
+
+
+def test_the_claims_are_shown_where_every_seed_beats_the_majority_class_by_the_margin():
+    clear = [*rows("bl_base", "es", {1: (40.0, 50.0, 47.0), 2: (40.0, 50.0, 49.0)}),
+             *rows("minijoint", "es", same((40.0, 50.0, 48.0)))]
+    r = read(clear)  # mean 48.0, lowest seed 47.0: 3.7 points above 44.3
+    assert claims_gate(r, "t") is None
+    assert "| claim | paper |" in render_report(r, "x", {})
+    near = read(rows("bl_base", "es", same((40.0, 50.0, 46.0))))  # every seed above, the mean only 1.7 points
+    assert "46.0 vs 44.3" in claims_gate(near, "t")
+    unknown = read(clear, baselines=False)  # no baseline: shown, and said to be unchecked
+    report = render_report(unknown, "x", {})
+    assert "| claim | paper |" in report and "**t**: not checked in es (no majority-class baseline" in report
