@@ -170,20 +170,23 @@ def cpu_time_model(row: dict, cpus: list[int], sample_h: dict[str, float]) -> di
 
     With W >= 2 the main process (reading, xz decoding, cutting, feeding) and the workers (encoding) are separate
     processes, so their CPU seconds per MB of text split the work into its serial part ``m`` and its parallel part
-    ``w``. On ``n`` CPUs (``n`` workers beside the main process) the rate is at most ``1 / m`` (the main process on
-    one core) and at most ``n / (m + w)`` (every CPU busy): ``min(1 / m, n / (m + w))``. The parallel overhead is
-    the CPU work per MB with W workers over the one-process run's."""
+    ``w``. The main process runs two threads: xz decompression (``d`` per MB, the ``decode`` phase's CPU) ahead of
+    the cutting and feeding (``m - d``), so its ceiling is ``1 / max(d, m - d)``. On ``n`` CPUs the rate is at most
+    that and at most ``n / (m + w)`` (every CPU busy): ``min(1 / max(d, m - d), n / (m + w))``. The parallel
+    overhead is the CPU work per MB with W workers over the one-process run's."""
     many = max((int(k[6:]) for k in row if k.startswith("encode") and k[6:].isdigit()), default=1)
     mb = row["encode1"]["text_bytes"] / 1e6
     one, par = row["encode1"], row[f"encode{many}"]
     if many < 2 or "cpu_main_s" not in par:
         return {"skipped": "needs an encode run with 2 or more workers and CPU times"}
     m, w = par["cpu_main_s"] / mb, par["cpu_workers_s"] / mb
-    out: dict = {"workers_measured": many, "main_cpu_s_per_mb": m, "worker_cpu_s_per_mb": w,
-                 "serial_fraction_cpu": m / (m + w), "serial_ceiling_mb_s": 1 / m,
+    d = row["decode"]["cpu_main_s"] / (row["decode"]["text_bytes"] / 1e6)
+    ceiling = 1 / max(d, m - d)
+    out: dict = {"workers_measured": many, "main_cpu_s_per_mb": m, "decode_cpu_s_per_mb": d,
+                 "worker_cpu_s_per_mb": w, "serial_fraction_cpu": m / (m + w), "serial_ceiling_mb_s": ceiling,
                  "parallel_overhead": (m + w) / ((one["cpu_main_s"] + one["cpu_workers_s"]) / mb), "cpus": {}}
     for n in cpus:
-        rate = min(1 / m, n / (m + w))
+        rate = min(ceiling, n / (m + w))
         hours = {lang: gb * 1e3 / rate / 3600 + sample_h[lang] for lang, gb in CC100_GB.items()}
         out["cpus"][n] = {"encode_mb_s": rate, "hours": hours, "longest_h": max(hours.values()),
                           "within_limit": max(hours.values()) < TIME_LIMIT_H}
