@@ -103,3 +103,28 @@ def test_xz_read_ahead_stops_when_closed_early_and_reports_a_corrupt_file(tmp_pa
     with pytest.raises(CorpusError, match="not a readable xz file"):
         for _ in iter_raw_chunks(broken, 1 << 20):
             pass
+
+
+def test_the_packaging_metadata_gives_setuptools_nothing_to_warn_about(tmp_path):
+    """`make setup` printed setuptools' deprecation wall (`project.license` as a TOML table): applying
+    pyproject.toml the way the build backend does must warn about nothing (the old table form does)."""
+    import shutil
+    import warnings
+
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    from tests.conftest import ROOT
+
+    def warned(pyproject: Path) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            apply_configuration(Distribution(), pyproject)
+        return [str(w.message).splitlines()[0] for w in caught]
+
+    assert warned(ROOT / "pyproject.toml") == []
+    old = tmp_path / "pyproject.toml"
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    old.write_text((ROOT / "pyproject.toml").read_text().replace('license = "Apache-2.0"',
+                                                                 'license = {text = "Apache-2.0"}'))
+    assert any("license" in w for w in warned(old))  # the check sees the warning it guards against
