@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from minimodel.data.order import FeistelPermutation
-from minimodel.data.shards import ShardError, TokenStream
+from minimodel.data.shards import ShardError, TokenStream, train_blocks
 from minimodel.data.tokenizer import SENTENCEPIECE_SPECIALS, SpecialTokens
 from minimodel.log import get_logger
 from minimodel.model import IGNORE_INDEX
@@ -191,8 +191,7 @@ class MLMDataModule(L.LightningDataModule):
         blocks = range(n_blocks)  # a range, not an array: O(1) memory in every worker
         common = dict(stream=stream, seq_len=self.seq_len, mask_prob=self.mask_prob,
                       vocab_size=self.vocab_size, seed=self.seed, specials=self.specials)
-        train = blocks[: n_blocks - self.val_blocks]
-        train = train[: max(1, round(self.train_fraction * len(train)))]
+        train = train_blocks(n_blocks, self.val_blocks, self.train_fraction)
         self.train_set = BlockDataset(blocks=train, shuffle=True, **common)
         self.val_set = BlockDataset(blocks=blocks[n_blocks - self.val_blocks:], shuffle=False, **common)
 

@@ -71,6 +71,13 @@ def shard_ok(out_dir: Path, entry: dict) -> bool:
     return arr.ndim == 1 and len(arr) == entry["tokens"]
 
 
+def train_blocks(n_blocks: int, val_blocks: int, fraction: float = 1.0) -> range:
+    """The training blocks of a token stream cut into ``n_blocks`` MLM blocks: those before the last ``val_blocks``
+    (the validation split), their first ``fraction`` share (a stage that trains on part of the corpus)."""
+    train = range(n_blocks - val_blocks)
+    return train[: max(1, round(fraction * len(train)))]
+
+
 @dataclass
 class TokenStream:
     """The concatenated shards of one prepared corpus, memory-mapped lazily (safe to pickle to workers)."""
