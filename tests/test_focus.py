@@ -193,6 +193,7 @@ def trainings(monkeypatch) -> list[Path]:
 def test_aux_vectors_are_trained_once_per_text_and_tokenizer(tmp_path, prepared, corpus_dir, trainings):
     from minimodel.data.aux_embeddings import AuxSettings, aux_embeddings
     from minimodel.data.prepare import load_prepared_tokenizer, prepare_language
+    from minimodel.data.shards import ShardError
 
     copy = copy_prepared(prepared, tmp_path / "copy")
     cfg = tiny_config(tmp_path, corpus_dir, prepared=copy)
@@ -238,6 +239,14 @@ def test_aux_vectors_are_trained_once_per_text_and_tokenizer(tmp_path, prepared,
     assert bpe_tok.sha256 != tok.sha256
     third = aux_embeddings(bpe, "de", bpe_tok, AuxSettings())
     assert not third.cached and len(trainings) == 6 and third.record["tokenizer_sha256"] == bpe_tok.sha256
+
+    # no piece frequent enough, too little text for the validation blocks: errors in config terms, nothing left
+    with pytest.raises(ConfigError, match=r"fastText kept no piece .* adapt.focus.min_count=1000000000 times"):
+        aux_embeddings(bpe, "de", bpe_tok, AuxSettings(min_count=10**9))
+    few = tiny_config(tmp_path, corpus_dir, "data.spm_model_type=bpe", "data.val_blocks=100000", prepared=copy)
+    with pytest.raises(ShardError, match="not enough for 100000 validation blocks"):
+        aux_embeddings(few, "de", bpe_tok, AuxSettings())
+    assert sorted(p.suffix for p in third.path.parent.iterdir()) == [".json", ".npy"]  # no text left behind
 
 
 # ------------------------------------------------------------------------------------------------ end to end

@@ -36,9 +36,9 @@ import numpy as np
 
 from minimodel import atomic
 from minimodel.config.schema import ExperimentConfig
-from minimodel.data.shards import TokenStream, train_blocks
+from minimodel.data.shards import TokenStream, check_blocks, train_blocks
 from minimodel.data.tokenizer import AnyTokenizer
-from minimodel.errors import WriteError
+from minimodel.errors import ConfigError, WriteError
 from minimodel.log import get_logger
 
 log = get_logger(__name__)
@@ -91,9 +91,9 @@ def piece_words(tok: AnyTokenizer) -> list[str]:
 
 def training_tokens(cfg: ExperimentConfig, stream: TokenStream) -> int:
     """How many tokens of ``stream`` (from its start) step 2 trains on: its training blocks."""
-    span = cfg.data.seq_len - 1
-    blocks = train_blocks(len(stream) // span, cfg.data.val_blocks, cfg.adapt.data_fraction)
-    return len(blocks) * span
+    span, n_blocks = cfg.data.seq_len - 1, len(stream) // (cfg.data.seq_len - 1)
+    check_blocks(stream.out_dir, n_blocks, cfg.data.val_blocks, cfg.data.seq_len)
+    return len(train_blocks(n_blocks, cfg.data.val_blocks, cfg.adapt.data_fraction)) * span
 
 
 def _chunks(stream: TokenStream, end: int):
@@ -122,8 +122,15 @@ def train_fasttext(text: Path, s: AuxSettings) -> tuple[list[str], list[int], np
     character n-grams, as FOCUS reads it), and about the FLOPs its training took (``fasttext_flops``)."""
     import fasttext
 
-    model = fasttext.train_unsupervised(str(text), dim=s.dim, epoch=s.epochs, minCount=s.min_count,
-                                        thread=s.threads, verbose=0, **FASTTEXT)
+    try:
+        model = fasttext.train_unsupervised(str(text), dim=s.dim, epoch=s.epochs, minCount=s.min_count,
+                                            thread=s.threads, verbose=0, **FASTTEXT)
+    except (ValueError, RuntimeError) as e:  # "Empty vocabulary. Try a smaller -minCount value."
+        if "vocabulary" not in str(e).lower():
+            raise
+        raise ConfigError(f"adapt.init=focus: fastText kept no piece of the text step 2 trains on (none occurs "
+                          f"adapt.focus.min_count={s.min_count} times): lower adapt.focus.min_count, or adapt on "
+                          f"more text") from e
     words, counts = model.get_words(include_freq=True)
     a = model.f.getArgs()
     flops = fasttext_flops(list(words), [int(c) for c in counts], s.dim, s.epochs, a.ws, a.neg, a.minn, a.maxn, a.t)

@@ -78,6 +78,15 @@ def train_blocks(n_blocks: int, val_blocks: int, fraction: float = 1.0) -> range
     return train[: max(1, round(fraction * len(train)))]
 
 
+def check_blocks(shard_dir: Path, n_blocks: int, val_blocks: int, seq_len: int) -> None:
+    """A ShardError when the corpus of ``shard_dir`` gives too few MLM blocks for its validation split."""
+    if n_blocks < 2 * val_blocks or n_blocks < 2:
+        raise ShardError(
+            f"{shard_dir}: the corpus gives only {n_blocks} blocks of {seq_len} tokens, not enough for "
+            f"{val_blocks} validation blocks and at least as many training blocks; "
+            f"use a larger corpus or lower data.val_blocks / data.seq_len")
+
+
 @dataclass
 class TokenStream:
     """The concatenated shards of one prepared corpus, memory-mapped lazily (safe to pickle to workers)."""
