@@ -19,6 +19,7 @@
 
     {prepared_dir}/{lang}/spm.model, shards/    `minimodel prepare` (SentencePiece)
     {prepared_dir}/{lang}/hf-{name}/shards/     the source language encoded with a Hugging Face tokenizer
+    {prepared_dir}/{lang}/focus/aux-{key}.*     adapt.init=focus: fastText vectors of the pieces (cached by step 2)
 
 Which system's directories another system *shares* (MiniPost reuses BL_BASE's pretraining and
 finetuned models) is a property of the systems, decided in ``systems.py``; this module only knows
@@ -199,6 +200,12 @@ class Prepared:
         """``done.json`` of this language's prepare step (beside its shards), written when the tokenizer and every
         shard are there."""
         return self.shards.parent / DONE
+
+    @property
+    def aux_embeddings(self) -> Path:
+        """FOCUS's auxiliary fastText vectors of this language's pieces (``adapt.init=focus``), one pair of files
+        per key (``aux-{key}.npy`` and ``.json``): shared by every system and seed that adapts with the same text."""
+        return self.shards.parent / "focus"
 
 
 def _slug(ref: str) -> str:

@@ -3,6 +3,7 @@ and ``check_task_fits``, run where a task is featurised."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 from typing import Any
@@ -35,8 +36,7 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
              f"({cfg.pretrain.optim.updates}), got {cfg.pretrain.forget_every}")
     if not 0.0 < cfg.adapt.data_fraction <= 1.0:
         fail(f"adapt.data_fraction must be in (0, 1], got {cfg.adapt.data_fraction}")
-    if cfg.adapt.init not in ("overlap", "random"):
-        fail(f"adapt.init must be 'overlap' or 'random', got {cfg.adapt.init!r}")
+    _validate_init(cfg, fail)
     _validate_tasks(cfg, fail)
     if cfg.body not in ("primary", "mini"):
         fail(f"body must be 'primary' or 'mini', got {cfg.body!r}")
@@ -162,6 +162,22 @@ def _validate_logging(cfg: ExperimentConfig, fail: Any) -> None:
     if log.entity and (set(log.entity) & set(WANDB_PROJECT_CHARS) or any(c.isspace() for c in log.entity)):
         fail(f"logging.entity={log.entity!r}: a W&B entity is a user or team name, without spaces or any of "
              f"{' '.join(WANDB_PROJECT_CHARS)} (it is spelled into W&B's entity/project/run paths)")
+
+
+INITS = ("overlap", "random", "focus")
+"""``adapt.init`` values (``stages.adapt.INITS`` implements each)."""
+
+
+def _validate_init(cfg: ExperimentConfig, fail: Any) -> None:
+    a, check = cfg.adapt, _Sizes(fail)
+    if a.init not in INITS:
+        fail(f"adapt.init must be one of {', '.join(INITS)}, got {a.init!r}")
+    check.count("adapt.focus.top_k", a.focus.top_k, "0 (every overlapping piece) or a positive integer")
+    for name in ("dim", "epochs", "min_count", "threads"):
+        check.integer(f"adapt.focus.{name}", getattr(a.focus, name))
+    if a.init == "focus" and importlib.util.find_spec("fasttext") is None:
+        fail("adapt.init=focus trains fastText embeddings, and the fasttext package is not installed: "
+             "pip install 'minimodel[focus]' (or `make setup`), or choose adapt.init=overlap")
 
 
 def _validate_evaluate(cfg: ExperimentConfig, fail: Any) -> None:

@@ -174,8 +174,27 @@ class PhaseConfig:
 
 
 @dataclass
+class FocusConfig:
+    """``adapt.init=focus`` (Dobler & de Melo, EMNLP 2023): the auxiliary fastText embeddings of the target pieces,
+    trained on step 2's own training text (``data.aux_embeddings``), and how many overlapping pieces a new piece
+    may mix (``focus.focus_init``)."""
+
+    # sparsemax over the k overlapping pieces most similar to a new piece; 0 = over every overlapping piece, as the
+    # paper and its code (deepfocus) do. Sparsemax keeps a prefix of the ranked similarities, so any k at least
+    # that prefix's length gives the same weights (adapt_info.json records the longest prefix kept)
+    top_k: int = 0
+    dim: int = 100  # fastText vectors (FOCUS: 100)
+    epochs: int = 3  # fastText epochs over the text (FOCUS: 3)
+    min_count: int = 10  # pieces seen fewer times get no auxiliary vector, hence random N(0, init_std) (FOCUS: 10)
+    # fastText's training threads: 1 is bit-reproducible; more are faster, and their result varies from run to run
+    threads: int = 1
+
+
+@dataclass
 class AdaptConfig:
-    init: str = "overlap"  # overlap: copy embeddings of pieces shared with the source vocabulary
+    # overlap: copy embeddings of pieces shared with the source vocabulary, the others N(0, init_std);
+    # focus: the same copies, the others a sparsemax mix of them (FOCUS, see FocusConfig); random: N(0, init_std)
+    init: str = "overlap"
     # The MLM head whose layers step 2 trains over (MiniJoint): "" = the model's one secondary head (a model
     # with several must name one), l{N} = the head after layer N, primary = the whole model.
     head: str = ""
@@ -188,6 +207,7 @@ class AdaptConfig:
     # names a step-2 variant that shares steps 1, 1b and 3 with the untagged system (a low-data adaptation, say):
     # its adaptation runs and results go under {label}@{tag} (with a head of a multi-head model: {label}@{head}+{tag})
     tag: str = ""
+    focus: FocusConfig = field(default_factory=FocusConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 

@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from minimodel.data.order import FeistelPermutation
-from minimodel.data.shards import ShardError, TokenStream
+from minimodel.data.shards import ShardError, TokenStream, check_blocks, train_blocks
 from minimodel.data.tokenizer import SENTENCEPIECE_SPECIALS, SpecialTokens
 from minimodel.log import get_logger
 from minimodel.model import IGNORE_INDEX
@@ -183,16 +183,11 @@ class MLMDataModule(L.LightningDataModule):
                              f"{stream.tokenizer_sha256[:12]}, this run's is {self.tokenizer_sha256[:12]}); "
                              f"run `minimodel prepare` with this configuration (into another data.prepared_dir)")
         n_blocks = len(stream) // (self.seq_len - 1)
-        if n_blocks < 2 * self.val_blocks or n_blocks < 2:
-            raise ShardError(
-                f"{self.shard_dir}: the corpus gives only {n_blocks} blocks of {self.seq_len} tokens, not enough for "
-                f"{self.val_blocks} validation blocks and at least as many training blocks; "
-                f"use a larger corpus or lower data.val_blocks / data.seq_len")
+        check_blocks(self.shard_dir, n_blocks, self.val_blocks, self.seq_len)
         blocks = range(n_blocks)  # a range, not an array: O(1) memory in every worker
         common = dict(stream=stream, seq_len=self.seq_len, mask_prob=self.mask_prob,
                       vocab_size=self.vocab_size, seed=self.seed, specials=self.specials)
-        train = blocks[: n_blocks - self.val_blocks]
-        train = train[: max(1, round(self.train_fraction * len(train)))]
+        train = train_blocks(n_blocks, self.val_blocks, self.train_fraction)
         self.train_set = BlockDataset(blocks=train, shuffle=True, **common)
         self.val_set = BlockDataset(blocks=blocks[n_blocks - self.val_blocks:], shuffle=False, **common)
 

@@ -71,6 +71,22 @@ def shard_ok(out_dir: Path, entry: dict) -> bool:
     return arr.ndim == 1 and len(arr) == entry["tokens"]
 
 
+def train_blocks(n_blocks: int, val_blocks: int, fraction: float = 1.0) -> range:
+    """The training blocks of a token stream cut into ``n_blocks`` MLM blocks: those before the last ``val_blocks``
+    (the validation split), their first ``fraction`` share (a stage that trains on part of the corpus)."""
+    train = range(n_blocks - val_blocks)
+    return train[: max(1, round(fraction * len(train)))]
+
+
+def check_blocks(shard_dir: Path, n_blocks: int, val_blocks: int, seq_len: int) -> None:
+    """A ShardError when the corpus of ``shard_dir`` gives too few MLM blocks for its validation split."""
+    if n_blocks < 2 * val_blocks or n_blocks < 2:
+        raise ShardError(
+            f"{shard_dir}: the corpus gives only {n_blocks} blocks of {seq_len} tokens, not enough for "
+            f"{val_blocks} validation blocks and at least as many training blocks; "
+            f"use a larger corpus or lower data.val_blocks / data.seq_len")
+
+
 @dataclass
 class TokenStream:
     """The concatenated shards of one prepared corpus, memory-mapped lazily (safe to pickle to workers)."""

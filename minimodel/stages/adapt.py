@@ -115,6 +115,60 @@ class Inputs:
     target_tok: AnyTokenizer
 
 
+@dataclass
+class Initial:
+    """The target embeddings and output bias step 2 starts from (``adapt.init``)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    overlap: int  # target pieces that copy a source embedding
+    info: dict  # how they were made, for adapt_info.json and done.json (``init``)
+
+
+def overlap_initial(cfg: ExperimentConfig, x: Inputs, head: str) -> Initial:
+    weight, bias, overlap = init_target_embeddings(x.body, x.source_tok, x.target_tok, cfg.adapt.trainer.seed, head)
+    return Initial(weight, bias, overlap, {"method": "overlap"})
+
+
+def random_initial(cfg: ExperimentConfig, x: Inputs, head: str) -> Initial:
+    gen = torch.Generator().manual_seed(cfg.adapt.trainer.seed)
+    vocab = x.target_tok.vocab_size
+    weight = torch.randn(vocab, x.body.cfg.hidden, generator=gen) * x.body.cfg.init_std
+    return Initial(weight, torch.zeros(vocab), 0, {"method": "random"})
+
+
+def focus_initial(cfg: ExperimentConfig, x: Inputs, head: str) -> Initial:
+    """FOCUS (``focus.py``) over auxiliary fastText vectors trained on step 2's text (``data.aux_embeddings``)."""
+    from minimodel.data.aux_embeddings import AuxSettings, aux_embeddings
+    from minimodel.focus import focus_init
+
+    f, lang = cfg.adapt.focus, cfg.lang
+    aux = aux_embeddings(cfg, lang, x.target_tok, AuxSettings(f.dim, f.epochs, f.min_count, f.threads))
+    r = focus_init(x.body.embeddings.tokens.weight, x.body.heads[head].bias, x.source_tok.surface_pieces(),
+                   x.target_tok.surface_pieces(), torch.from_numpy(aux.for_vocabulary(x.target_tok)),
+                   x.body.cfg.init_std, torch.Generator().manual_seed(cfg.adapt.trainer.seed), f.top_k)
+    fasttext = {k: aux.record[k] for k in ("key", "tokens", "tokens_sha256", "fasttext", "train_seconds",
+                                           "flops_estimate")}
+    info = {"method": "focus", **r.info, "fasttext": {**fasttext, "path": str(aux.path), "cached": aux.cached,
+                                                      "pieces": len(aux.pieces)}}
+    log.info(f"focus {lang}: {r.info['copied']:,} pieces copied, {r.info['mixed']:,} mixed from the "
+             f"{r.info['anchors']:,} overlapping pieces with a fastText vector (sparsemax keeps "
+             f"{r.info['support_mean']:.1f} on average, at most {r.info['support_max']}), {r.info['random']:,} random; "
+             f"fastText {aux.record['train_seconds']:.1f} s{' (cached)' if aux.cached else ''}, "
+             f"the mix {r.info['seconds']:.1f} s")
+    if r.info["anchors"] >= 10 and r.info["support_mean"] > r.info["anchors"] / 2:
+        log.warning(f"focus {lang}: sparsemax mixes {r.info['support_mean']:.0f} of the {r.info['anchors']} "
+                    f"overlapping pieces on average: their fastText vectors barely differ, as after too little "
+                    f"training ({aux.record['tokens']:,} tokens, adapt.focus.epochs={f.epochs}); more epochs (or "
+                    f"text) make them informative")
+    return Initial(r.weight, r.bias, r.copied, info)
+
+
+INITS: dict[str, Callable[[ExperimentConfig, Inputs, str], Initial]] = {
+    "overlap": overlap_initial, "random": random_initial, "focus": focus_initial}
+"""``adapt.init``: how each kind of initialisation makes step 2's starting embeddings (``config.checks.INITS``)."""
+
+
 def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
     if not cfg.lang:
         raise ConfigError("adapt needs a target language: add lang=xx (e.g. lang=de)")
@@ -131,19 +185,15 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
     def build(x: Inputs) -> Training:
         body, vocab = x.body, x.target_tok.vocab_size
         phases = phase_heads(cfg)
-        if a.init == "overlap":  # the output bias from the first phase's head
-            weight, bias, overlap = init_target_embeddings(body, x.source_tok, x.target_tok, a.trainer.seed,
-                                                           phases[0][1])
-        else:
-            gen = torch.Generator().manual_seed(a.trainer.seed)
-            weight = torch.randn(vocab, body.cfg.hidden, generator=gen) * body.cfg.init_std
-            bias, overlap = torch.zeros(vocab), 0
-        swap_embeddings(body, weight, bias)
+        initial = INITS[a.init](cfg, x, phases[0][1])  # the output bias from the first phase's head
+        overlap = initial.overlap
+        swap_embeddings(body, initial.weight, initial.bias)
         tie_biases(body)
         n_train = freeze_all_but(body, adaptation_trainable)
         if process_rank() == 0:
             info = {"lang": cfg.lang, "target_vocab": vocab, "overlapping_pieces": overlap,
-                    "trainable_parameters": n_train, "body_layers": body.cfg.layers, "body": x.body_source}
+                    "trainable_parameters": n_train, "body_layers": body.cfg.layers, "body": x.body_source,
+                    "init": initial.info}
             atomic.write_json(run_dir / ADAPT_INFO, info)
         shape = " then ".join(f"{p.head} ({p.depth} layers, updates {p.start}-{p.end})" for p, _ in phases)
         log.info(f"adapt {cfg.system} to {cfg.lang}: {overlap:,} of {vocab:,} pieces overlap with {cfg.source_lang}; "
@@ -173,7 +223,7 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
             return path
 
         def finish(_: object) -> dict:
-            return {"embeddings": [p.name for p in adaptation_checkpoints(run_dir)]}
+            return {"embeddings": [p.name for p in adaptation_checkpoints(run_dir)], "init": initial.info}
 
         # progressive: an adaptation checkpoint at the end of every phase but the last
         ends = sorted({*a.trainer.ckpt_steps, *(p.end for p, _ in phases[:-1])})
