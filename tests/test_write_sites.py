@@ -76,6 +76,9 @@ SITES = (  # in an order in which each command, rerun after the fault at one, re
     Site("adapt", f"{RUN}/adapt/de/metrics.csv", "metrics rows (the rerun resumes from update 2)"),
     Site("adapt", f"{RUN}/adapt/de/done.json", "a finished stage run"),
     Site("evaluate", f"{RUN}/.evaluate-all/.lock", "the evaluation lock"),
+    *(Site("evaluate", f"{RUN}/truncation/lohelp/{split}.en.json", f"the English {split} file's truncation (copied "
+           "from the finetuning's done.json for the report)") for split in ("train", "dev", "test")),
+    Site("evaluate", f"{RUN}/truncation/lohelp/test.de.json", "a test file's truncation (truncation.write)"),
     Site("evaluate", f"{RUN}/results.jsonl", "result rows (results.ResultsTable.append)"),
     Site("evaluate", f"{RUN}/predictions/lohelp/de/seed1-step0000004.jsonl", "predictions (evaluate.save_predictions)"),
     Site("report", "runs/chain/plots/lohelp.png", "a plot"),
