@@ -50,8 +50,10 @@ IN_ENCODING = """
 import minimodel.data.encode as encode
 _chunks = encode.iter_raw_chunks
 def iter_raw_chunks(*args, **kwargs):  # Ctrl-C while the main process reads the corpus for the encoding processes
+    import time
     for chunk in _chunks(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # Ctrl-C lands here, in the reading, whatever else the process is doing (fails if ignored)
         yield chunk
 encode.iter_raw_chunks = iter_raw_chunks
 """
