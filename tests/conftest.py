@@ -28,6 +28,18 @@ def _no_inherited_wandb_service():
     os.environ.pop("WANDB_SERVICE", None)
 
 
+@pytest.fixture(autouse=True)
+def _sigint_as_it_was():
+    """A test that leaves SIGINT ignored (Lightning ignores Ctrl-C after it stopped a stage) would hand SIG_IGN to
+    every process a later test starts, where Python then installs no KeyboardInterrupt: put it back."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    if signal.getsignal(signal.SIGINT) is not before:
+        signal.signal(signal.SIGINT, before)
+
+
 def real_text(lang: str, max_bytes: int) -> str:
     """The first ``max_bytes`` (cut at a document boundary) of the bundled corpus of ``lang``."""
     path = DEMO_CORPUS / f"{lang}.txt.xz"
