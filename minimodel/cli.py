@@ -96,9 +96,9 @@ def cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.pipeline import plan
 
     steps = plan(args.config, args.overrides, adapt_missing=args.adapt_missing)
-    if args.adapt_missing:
+    if args.adapt_missing and cfg.models_from:
         for step in steps:
-            if step.stage == "adapt" and cfg.models_from:
+            if step.stage == "adapt":
                 log.warning(f"run --adapt-missing: {step.name} adapts into experiment {cfg.models_from}'s runs "
                             f"({step.run_dir}), which this experiment reuses")
     for step in steps:

@@ -208,11 +208,12 @@ def plan(config: str | Path, overrides: list[str] | None = None, adapt_missing: 
         # step 4 per language, as soon as that language's embeddings, its prepared data (the target tokenizer) and
         # the finetuned models are there (one process per GPU when the launcher gives the job several)
         for lang in cfg.target_langs:
-            if not reused or lang in missing:
+            adapts_here = not reused or lang in missing
+            if adapts_here:
                 args = ["adapt", *reused_adapt_args(cfg, lang)] if reused else ["adapt", f"lang={lang}"]
                 steps.append(step(f"adapt-{lang}", "adapt", args, [body, data(lang)], True, r.adapt(lang),
                                   f"adapt/{lang}"))
-            adapted = [p + f"adapt-{lang}"] if not reused or lang in missing else []
+            adapted = [p + f"adapt-{lang}"] if adapts_here else []
             steps.append(step(f"evaluate-{lang}", "evaluate", ["evaluate", f"lang={lang}"],
                               [*adapted, *finetunes, data(lang)], True))
             evaluations.append(p + f"evaluate-{lang}")

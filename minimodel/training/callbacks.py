@@ -185,11 +185,23 @@ class StageProgress(Callback):
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
 
 
+SHOWN = ("train/loss", "train/loss_mini", "perf/tokens_per_sec")  # what the bar and the log lines show
+
+
+def shown_metrics(metrics: dict) -> dict[str, str]:
+    """``SHOWN`` metrics present in ``metrics``, by short name (``loss``, ``loss_mini``, ``tok/s``), formatted."""
+    out: dict[str, str] = {}
+    for key in SHOWN:
+        if key in metrics:
+            value = float(metrics[key])
+            out[key.split("/")[-1].replace("tokens_per_sec", "tok/s")] = (f"{value:,.0f}" if "tokens" in key
+                                                                          else f"{value:.3f}")
+    return out
+
+
 class StageLines(Callback):
     """Where no bar is drawn (a log file, ``--no-progress``): a line every ``every`` seconds and at the last update,
     with the update count, the loss(es), tokens/s and an ETA, instead of a bar redrawn into one endless line."""
-
-    SHOWN = ("train/loss", "train/loss_mini", "perf/tokens_per_sec")
 
     def __init__(self, stage: str, every: float = PROGRESS_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.stage, self.every, self.clock = stage, every, clock
@@ -209,10 +221,8 @@ class StageLines(Callback):
 
     def line(self, step: int, total: int, now: float, metrics: dict) -> str:
         parts = [f"{self.stage}: update {step:,}/{total:,} ({step / max(total, 1):.0%})"]
-        for key in self.SHOWN:
-            if key in metrics:
-                value = float(metrics[key])
-                parts.append(f"{value:,.0f} tok/s" if "tokens" in key else f"{key.split('/')[-1]} {value:.3f}")
+        parts += [f"{value} {name}" if name == "tok/s" else f"{name} {value}"
+                  for name, value in shown_metrics(metrics).items()]
         done = step - self.step0
         if done > 0 and total > step:
             parts.append(f"ETA {clock_time((now - self.t0) / done * (total - step))}")
@@ -223,8 +233,6 @@ class StageBar(TQDMProgressBar):
     """One bar per stage, counted in optimiser updates (resumed runs start where they stopped), showing the
     loss(es) and tokens/s. Validation runs without a bar of its own (no nested bars spilling into log files),
     and the bar redraws at most twice a second."""
-
-    SHOWN = ("train/loss", "train/loss_mini", "perf/tokens_per_sec")
 
     def __init__(self, stage: str) -> None:
         super().__init__()
@@ -268,10 +276,4 @@ class StageBar(TQDMProgressBar):
         return Tqdm(disable=True)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
-        shown = {**super().get_metrics(trainer, pl_module), **trainer.callback_metrics}  # tokens/s is not a bar metric
-        out: dict = {}
-        for key in self.SHOWN:
-            if key in shown:
-                value = float(shown[key])
-                out[key.split("/")[-1].replace("tokens_per_sec", "tok/s")] = f"{value:,.0f}" if "tokens" in key else f"{value:.3f}"
-        return out
+        return shown_metrics({**super().get_metrics(trainer, pl_module), **trainer.callback_metrics})  # tok/s too
