@@ -124,8 +124,46 @@ def variant_infos(config: str, overrides: list[str]) -> dict[str, Any]:
         out.setdefault(pooled_label(v.label, seed), VariantInfo(
             depth=adapt_depth(v.cfg), pretraining=pooled_label(v.cfg.label, seed),
             multi_head=len(v.cfg.model.mini_heads) > 1, progressive=bool(v.cfg.adapt.schedule),
-            forget=v.cfg.pretrain.forget_every > 0, data_fraction=v.cfg.adapt.data_fraction))
+            forget=v.cfg.pretrain.forget_every > 0, data_fraction=v.cfg.adapt.data_fraction, init=v.cfg.adapt.init))
     return out
+
+
+def init_twins(config: str, overrides: list[str]) -> dict[str, str]:
+    """Label of each row adapted from another initialisation than overlap (``adapt.init``, a tagged step-2 variant)
+    -> the label of the same system adapted from overlap, when the experiment has it (reports pool seeds)."""
+    from minimodel.pipeline import variants
+
+    vs = variants(config, overrides)
+    plain = {pooled_label(v.label, v.cfg.pretrain.trainer.seed) for v in vs if v.cfg.adapt.init == "overlap"}
+    out: dict[str, str] = {}
+    for v in vs:
+        tag, seed = v.cfg.adapt.tag, v.cfg.pretrain.trainer.seed
+        if v.cfg.adapt.init == "overlap" or not tag:
+            continue
+        twin = pooled_label(v.label.replace(f"+{tag}", "").replace(f"@{tag}", ""), seed)
+        if twin in plain:
+            out[pooled_label(v.label, seed)] = twin
+    return out
+
+
+def dev_checks(cfg: ExperimentConfig, tasks: list[str]) -> Any:
+    """The report's dev-set checks (``report:``, ``selection.DevChecks``) with the dev majority-class baselines; None
+    when the experiment scores no dev sets (``evaluate.dev`` false)."""
+    from minimodel.data.tasks import TaskData, majority_baseline
+    from minimodel.report.selection import DevChecks
+
+    if not cfg.evaluate.dev:
+        return None
+    baselines: dict[tuple[str, str], dict[str, float]] = {}
+    for task in tasks:
+        try:
+            data = TaskData(task, cfg.tasks[task])
+            baselines.update({(task, lang): v for lang, v in
+                              majority_baseline(data, data.languages(cfg.target_langs), "dev").items()})
+        except Exception as e:  # a task without dev sets: its languages are not checked
+            log.warning(f"no dev majority-class baseline for {task}: {e}")
+    r = cfg.report
+    return DevChecks(r.languages, r.transfer_margin, r.plateau_share, r.plateau_points, baselines)
 
 
 def mini_depths(config: str, overrides: list[str]) -> dict[str, int]:
@@ -161,11 +199,13 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
                               majority_baseline(data, langs, cfg.evaluate.split).items()})
         except Exception as e:  # the hub may be out of reach: the report goes on without the baseline
             log.warning(f"no majority-class baseline for {task}: {e}")
+    checks = dev_checks(cfg, list(main_metrics))
     path = write_report(cfg.runs_dir, cfg.name, out=Path(args.out) if args.out else None, baselines=baselines,
                         depths=mini_depths(args.config, args.overrides),
                         variants=variant_infos(args.config, args.overrides), main_metrics=main_metrics,
-                        split=cfg.evaluate.split)
-    print(summary(cfg.runs_dir, cfg.name, baselines=baselines, main_metrics=main_metrics, split=cfg.evaluate.split))
+                        split=cfg.evaluate.split, checks=checks, inits=init_twins(args.config, args.overrides))
+    print(summary(cfg.runs_dir, cfg.name, baselines=baselines, main_metrics=main_metrics, split=cfg.evaluate.split,
+                  checks=checks))
     print(f"report: {path}")
     from minimodel.results import ResultsTable
     from minimodel.wandb_results import log_report

@@ -217,5 +217,9 @@ def plan(config: str | Path, overrides: list[str] | None = None, adapt_missing: 
             steps.append(step(f"evaluate-{lang}", "evaluate", ["evaluate", f"lang={lang}"],
                               [*adapted, *finetunes, data(lang)], True))
             evaluations.append(p + f"evaluate-{lang}")
+            if cfg.evaluate.dev and cfg.evaluate.split != "dev":  # the dev rows the report's checks read
+                steps.append(step(f"evaluate-dev-{lang}", "evaluate", ["evaluate", f"lang={lang}", "evaluate.split=dev"],
+                                  [*adapted, *finetunes, data(lang)], True))
+                evaluations.append(p + f"evaluate-dev-{lang}")
     steps.append(Step("report", "report", ("report", config, *overrides), tuple(evaluations)))
     return steps

@@ -185,6 +185,18 @@ def _validate_evaluate(cfg: ExperimentConfig, fail: Any) -> None:
         fail(f"evaluate.split must be test or dev, got {cfg.evaluate.split!r}")
     if cfg.evaluate.save_predictions not in ("none", "final", "all"):
         fail(f"evaluate.save_predictions must be none, final or all, got {cfg.evaluate.save_predictions!r}")
+    rep = cfg.report
+    if rep.languages not in ("all", "transfer"):
+        fail(f"report.languages must be all or transfer, got {rep.languages!r}")
+    if rep.languages == "transfer" and not cfg.evaluate.dev:
+        fail("report.languages=transfer reads the target-language dev sets: set evaluate.dev=true too (the "
+             "evaluate-dev steps score every adaptation checkpoint on them)")
+    if not rep.transfer_margin >= 0:
+        fail(f"report.transfer_margin must be a number of points >= 0, got {rep.transfer_margin!r}")
+    if not 0 < rep.plateau_share < 1:
+        fail(f"report.plateau_share must be a share of step 2's updates between 0 and 1, got {rep.plateau_share!r}")
+    if not rep.plateau_points > 0:
+        fail(f"report.plateau_points must be a number of points > 0, got {rep.plateau_points!r}")
 
 
 def _validate_head_weights(cfg: ExperimentConfig, fail: Any) -> None:

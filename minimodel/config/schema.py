@@ -267,6 +267,24 @@ class EvaluateConfig:
     # which test set: test (test.{lang}: the results) | dev (dev.{lang} of a local task: for choosing settings
     # without looking at a test set; rows with split "dev", and `minimodel report` then writes report.dev.md)
     split: str = "test"
+    # also score every adaptation checkpoint on the target-language dev sets (rows of split dev: `minimodel run`
+    # adds an evaluate-dev-{lang} step): what the report's plateau check and transfer rule read (ReportConfig)
+    dev: bool = False
+
+
+@dataclass
+class ReportConfig:
+    """Checks the report makes on the target-language dev sets (rows of split dev, ``evaluate.dev``), never on test."""
+
+    # all: every target language enters averages and claims; transfer: only those where BL_BASE's final dev score
+    # (mean over seeds) beats the dev majority class by at least transfer_margin points (the others are reported
+    # apart, outside every average)
+    languages: str = "all"
+    transfer_margin: float = 5.0
+    # the plateau check: how much each dev curve moves over the last plateau_share of step 2's updates; the rule
+    # holds when BL_BASE's moves by less than plateau_points in every language
+    plateau_share: float = 0.25
+    plateau_points: float = 1.0
 
 
 @dataclass
@@ -298,6 +316,7 @@ class ExperimentConfig:
     seed: int = 0  # the seed of one `minimodel finetune` call
     body: str = "primary"  # finetune the primary model, or (MiniJoint) its mini-model: English table 5
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     @property

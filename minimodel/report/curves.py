@@ -23,8 +23,11 @@ def mean_curve(curves: Sequence[Sequence[Point]]) -> list[Point]:
     """The average of per-seed curves at the steps all of them have (a seed may appear twice: a resample)."""
     by_step = [{p.step: p for p in c} for c in curves]
     steps = sorted(set.intersection(*(set(b) for b in by_step)))
-    return [Point(step, mean(b[step].flops for b in by_step), mean(b[step].days for b in by_step),
-                  mean(b[step].score for b in by_step)) for step in steps]
+    n = len(by_step)
+    # math.fsum / n is exactly statistics.fmean (a correctly rounded sum), without its per-item counting: the
+    # bootstrap calls this millions of times
+    return [Point(step, math.fsum([b[step].flops for b in by_step]) / n, math.fsum([b[step].days for b in by_step]) / n,
+                  math.fsum([b[step].score for b in by_step]) / n) for step in steps]
 
 
 def time_to_target(xs: Sequence[float], scores: Sequence[float], target: float) -> float:

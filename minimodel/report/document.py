@@ -26,6 +26,7 @@ from minimodel.report.formatting import (
 from minimodel.report.intervals import BOOTSTRAP_REPS, seeds_of_system, time_to_target_interval
 from minimodel.report.marks import CLAIMS_MARGIN, claims_gate, flagged_all, flagged_targets, unchecked
 from minimodel.report.reading import NEAR_MAX, REFERENCE, Results, load_results
+from minimodel.report.selection import Checked, DevChecks, apply_checks, restrict
 from minimodel.report.statistics import MIN_DEFINED
 from minimodel.report.tables import (
     days_average,
@@ -75,10 +76,13 @@ def pretraining_note(res: Results) -> str:
 
 
 def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Mapping[str, int] | None = None,
-                  variants: Mapping[str, Any] | None = None, truncation: list[str] | None = None) -> str:
+                  variants: Mapping[str, Any] | None = None, truncation: list[str] | None = None,
+                  checked: Checked | None = None, inits: Mapping[str, str] | None = None) -> str:
     """The Markdown report; ``variants``: MiniJoint label -> ``claims.VariantInfo`` (the claims beyond the paper);
     ``plots``: task -> relative link of its PNG; ``depths``: MiniJoint label -> depth of its
-    mini-model (for the claim about depth); ``truncation``: the section ``truncation.report_section`` writes."""
+    mini-model (for the claim about depth); ``truncation``: the section ``truncation.report_section`` writes;
+    ``checked``: the dev checks (``selection.apply_checks``: ``res`` is then its results, the languages that
+    transfer); ``inits``: label of a row adapted from another initialisation -> the label of its overlap twin."""
     out = [f"# Mini-model adaptation: {name}", ""]
     if not res.curves and not res.english:
         return "\n".join(out + ["No results yet (no `*/results.jsonl` rows): run `minimodel evaluate` first.", ""])
@@ -89,6 +93,8 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
             f"times to target and speedups use the seed-averaged scores, and their 95% intervals come from "
             f"{BOOTSTRAP_REPS} bootstrap resamples of the seeds (paired when two systems share seeds). A speedup "
             f"whose interval spans 1 is reported as inconclusive. {res.n_rows} rows read.", ""]
+    if checked is not None:
+        out += checked.section
     if res.curves:
         out += ["## Performance at training completion (Table 2)", "",
                 "Zero-shot score at the last adaptation checkpoint per target language, its average over the "
@@ -101,6 +107,14 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
                     "predicting the most frequent label has learned nothing usable there; check the task's label "
                     "balance and its other metrics (baselines below) before reading the other tables.", ""]
         out += [line + "\n" for line in mark_lines(res, bold=True)]
+        if checked is not None and checked.left_out and checked.full is not None:
+            apart = checked.full
+            for task in apart.tasks:
+                apart = restrict(apart, task, [t.lang for t in checked.left_out.get(task, [])])
+            out += ["## Languages that do not transfer (outside every average)", "",
+                    "Table 2 for the languages that fail the transfer rule (checks on the dev sets, above): their "
+                    "test scores, for the record; no average, speedup or claim includes them.", "",
+                    table_final(apart), ""]
         others = table_other_metrics(res)
         if others:
             out += ["## Performance at training completion in the other metrics", "",
@@ -142,7 +156,7 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
                         "V100-days to near-maximal performance (still 95% of BL_BASE) for each depth N of the "
                         "mini-model; the last row is the average speedup over BL_BASE.", "", depth, ""]
     if res.curves and any(s == REFERENCE for s, _, _ in res.curves):
-        out += claims_section(res, depths, variants)
+        out += claims_section(res, depths, variants, inits)
     english = table_english(res)
     if english:
         out += ["## English (Table 5)", "",
@@ -157,7 +171,8 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
     return "\n".join(out)
 
 
-def claims_section(res: Results, depths: Mapping[str, int] | None, variants: Mapping[str, Any] | None) -> list[str]:
+def claims_section(res: Results, depths: Mapping[str, int] | None, variants: Mapping[str, Any] | None,
+                   inits: Mapping[str, str] | None = None) -> list[str]:
     """The paper's claims, for the tasks where the systems clearly beat chance (``marks.claims_gate``); one line
     for each task left out, saying why."""
     shown = [t for t in res.tasks if claims_gate(res, t) is None]
@@ -169,29 +184,47 @@ def claims_section(res: Results, depths: Mapping[str, int] | None, variants: Map
            "(n per system), the rule that decides *held*, and the verdict: *held* when the interval lies on the "
            "claim's side of the rule, *not held* when it lies on the other side, *inconclusive* when it spans "
            "the rule's threshold. Rows marked \"not in the paper\" check minimodel's extensions of the method "
-           f"(multi-head pretraining, progressive adaptation, active forgetting) the same way. {INTERVAL_RULE} "
+           f"(multi-head pretraining, progressive adaptation, active forgetting, FOCUS initialisation) the same way. "
+           "*Languages* is the coverage of the estimate (the task's languages that entered it); *per language* is "
+           "the same claim, rule and interval computed on each language alone (— where a claim is not about one "
+           f"language), so a claim that holds on average but not in some languages says so. {INTERVAL_RULE} "
            + CLAIMS_RULE, "", *(n + "\n" for n in notes)]
     if shown:
-        out += [claims_table(res, depths, tasks=shown, variants=variants), ""]
+        out += [claims_table(res, depths, tasks=shown, variants=variants, inits=inits), ""]
     return out
+
+
+def checked_results(runs_dir: str | Path, name: str, main_metrics: Mapping[str, str] | None, split: str,
+                    baselines: Mapping[tuple[str, str], Mapping[str, float]] | None,
+                    checks: DevChecks | None) -> tuple[Results, Checked | None]:
+    """The results a report reads: the split's rows, with the dev checks applied on a test report (``checks``)."""
+    res = load_results(runs_dir, name, main_metrics, split)
+    res.set_baselines(baselines)
+    if checks is None or split == "dev":
+        return res, None
+    dev = load_results(runs_dir, name, main_metrics, "dev")
+    dev.set_baselines(checks.baselines)
+    checked = apply_checks(res, dev, checks)
+    return checked.res, checked
 
 
 def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
                  baselines: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
                  depths: Mapping[str, int] | None = None, variants: Mapping[str, Any] | None = None,
-                 main_metrics: Mapping[str, str] | None = None, split: str = "test") -> Path:
+                 main_metrics: Mapping[str, str] | None = None, split: str = "test",
+                 checks: DevChecks | None = None, inits: Mapping[str, str] | None = None) -> Path:
     """Read every ``{runs_dir}/{name}/*/results.jsonl``; write ``report.md`` (default
     ``{runs_dir}/{name}/report.md``) and its PNGs under ``plots/`` next to it. Returns the report path.
-    ``baselines``: (task, lang) -> metric -> majority-class score; ``main_metrics``: task -> main metric."""
-    res = load_results(runs_dir, name, main_metrics, split)
-    res.set_baselines(baselines)
+    ``baselines``: (task, lang) -> metric -> majority-class score; ``main_metrics``: task -> main metric;
+    ``checks``: the dev-set checks (transfer rule, plateau) of ``report:``; ``inits``: see ``render_report``."""
+    res, checked = checked_results(runs_dir, name, main_metrics, split, baselines, checks)
     out = Path(out) if out is not None else Layout(Path(runs_dir), name).report_of(split)
     atomic.make_dirs(out.parent)
     pngs = plot_curves(res, out.parent / ("plots" if split == "test" else f"plots-{split}")) if res.curves else {}
     truncated = report_section({p.parent.name: read_truncation(p.parent) for p in Layout(Path(runs_dir), name).all_results()},
                                res.tasks, {task: res.langs(task) for task in res.tasks}, split)
     text = render_report(res, name, {task: path.relative_to(out.parent).as_posix() for task, path in pngs.items()},
-                         depths, variants, truncated)
+                         depths, variants, truncated, checked, inits)
     atomic.write_text(out, text)
     return out
 
@@ -261,8 +294,12 @@ def fmt_stat_mean(res: Results, system: str, task: str) -> str:
 
 
 def summary(runs_dir: str | Path, name: str, baselines: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
-            main_metrics: Mapping[str, str] | None = None, split: str = "test") -> str:
-    """A short plain-text table for the end of a demo (see ``summary_text``)."""
-    res = load_results(runs_dir, name, main_metrics, split)
-    res.set_baselines(baselines)
-    return summary_text(res)
+            main_metrics: Mapping[str, str] | None = None, split: str = "test", checks: DevChecks | None = None) -> str:
+    """A short plain-text table for the end of a demo (see ``summary_text``); with ``checks``, the languages that
+    transfer only, and a line naming those left out."""
+    res, checked = checked_results(runs_dir, name, main_metrics, split, baselines, checks)
+    text = summary_text(res)
+    if checked is not None and checked.left_out:
+        text += "\n" + "; ".join(f"{task}: left out (transfer rule on dev): " + ", ".join(t.lang for t in failing)
+                                 for task, failing in checked.left_out.items())
+    return text

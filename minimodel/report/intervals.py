@@ -30,12 +30,18 @@ def resample(res: Results, draws: Mapping[str, Sequence[Seeds]]) -> Results:
     systems not in ``draws`` keep their seeds. Curves are the averages over the drawn seeds."""
     out = Results(metrics=res.metrics, baselines=res.baselines, n_rows=res.n_rows, split=res.split)
     for key, seeds in res.by_seed.items():
-        chosen = [x for x in draws.get(key[0], sorted(seeds)) if x in seeds]
+        if key[0] not in draws:  # not resampled: its curves as they are (the same mean: fsum does not depend on order)
+            out.by_seed[key], out.curves[key] = seeds, res.curves[key]
+            continue
+        chosen = [x for x in draws[key[0]] if x in seeds]
         if chosen:
             out.by_seed[key] = {(1, i): seeds[x] for i, x in enumerate(chosen)}
             out.curves[key] = mean_curve([seeds[x] for x in chosen])
     for key, values in res.english_by_seed.items():
-        chosen = [x for x in draws.get(key[0], sorted(values)) if x in values]
+        if key[0] not in draws:
+            out.english_by_seed[key], out.english[key] = values, res.english[key]
+            continue
+        chosen = [x for x in draws[key[0]] if x in values]
         if chosen:
             out.english_by_seed[key] = {(1, i): values[x] for i, x in enumerate(chosen)}
             out.english[key] = mean(values[x] for x in chosen)
