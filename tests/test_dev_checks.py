@@ -201,3 +201,18 @@ def test_evaluate_dev_adds_a_dev_evaluation_step_per_language():
     assert not any(n.startswith("evaluate-dev-") for n in plain)
     dev = next(s for s in plan("experiments/tiny.yaml", ["evaluate.dev=true"]) if s.name.startswith("evaluate-dev-"))
     assert "evaluate.split=dev" in dev.args and names.index("report") == len(names) - 1
+
+
+@pytest.mark.parametrize("split, which, share, expected", [
+    ("dev", "plateau", 0.25, [1200, 1600]),
+    ("dev", "plateau", 0.5, [800, 1600]),
+    ("dev", "plateau", 0.3, [800, 1600]),  # the last checkpoint at or before 70% (1,120) is 800
+    ("dev", "all", 0.25, [0, 10, 400, 800, 1200, 1600]),
+    ("test", "plateau", 0.25, [0, 10, 400, 800, 1200, 1600]),  # the test sets always score every checkpoint
+])
+def test_dev_sets_can_score_only_the_checkpoints_the_checks_read(tmp_path, split, which, share, expected):
+    from minimodel.stages.evaluate import dev_selection
+    cfg = load_config("experiments/tiny.yaml", [f"evaluate.split={split}", f"evaluate.dev_checkpoints={which}",
+                                                f"report.plateau_share={share}"])
+    ckpts = [tmp_path / f"step{n}.pt" for n in (0, 10, 400, 800, 1200, 1600)]
+    assert [int(p.stem[4:]) for p in dev_selection(cfg, ckpts)] == expected

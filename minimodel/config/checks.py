@@ -185,6 +185,8 @@ def _validate_evaluate(cfg: ExperimentConfig, fail: Any) -> None:
         fail(f"evaluate.split must be test or dev, got {cfg.evaluate.split!r}")
     if cfg.evaluate.save_predictions not in ("none", "final", "all"):
         fail(f"evaluate.save_predictions must be none, final or all, got {cfg.evaluate.save_predictions!r}")
+    if cfg.evaluate.dev_checkpoints not in ("all", "plateau"):
+        fail(f"evaluate.dev_checkpoints must be all or plateau, got {cfg.evaluate.dev_checkpoints!r}")
     rep = cfg.report
     if rep.languages not in ("all", "transfer"):
         fail(f"report.languages must be all or transfer, got {rep.languages!r}")

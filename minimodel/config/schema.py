@@ -270,6 +270,9 @@ class EvaluateConfig:
     # also score every adaptation checkpoint on the target-language dev sets (rows of split dev: `minimodel run`
     # adds an evaluate-dev-{lang} step): what the report's plateau check and transfer rule read (ReportConfig)
     dev: bool = False
+    # which checkpoints the dev sets score: all, or plateau (only the two the report's checks read: the last, and the
+    # last at or before 1 - report.plateau_share of it; a fraction of the cost of all)
+    dev_checkpoints: str = "all"
 
 
 @dataclass

@@ -202,9 +202,20 @@ def evaluation_plan(cfg: ExperimentConfig, r: Runs, tasks: list[str], seeds: lis
                 if not ckpts:
                     raise CheckpointError(f"no adaptation checkpoints for {lang} in {r.adapt(lang)} "
                                           f"(run `minimodel adapt ... lang={lang}`)")
-                plan += [(task, seed, lang, c) for c in ckpts]
+                plan += [(task, seed, lang, c) for c in dev_selection(cfg, ckpts)]
                 finals.add(ckpts[-1])
     return plan, finals
+
+
+def dev_selection(cfg: ExperimentConfig, ckpts: list[Path]) -> list[Path]:
+    """The checkpoints to score: all of them, or on the dev sets with ``evaluate.dev_checkpoints=plateau`` the two the
+    report's plateau check and transfer rule read (the last, and the last at or before 1 - plateau_share of it)."""
+    if cfg.evaluate.split != "dev" or cfg.evaluate.dev_checkpoints == "all":
+        return ckpts
+    steps = [checkpoint_step(c) for c in ckpts]
+    cut = (1.0 - cfg.report.plateau_share) * steps[-1]
+    before = [c for c, step in zip(ckpts[:-1], steps) if step <= cut + 1e-9]
+    return [*before[-1:], ckpts[-1]]
 
 
 def remove_stale(cfg: ExperimentConfig, r: Runs, table: ResultsTable, tasks: list[str], seeds: list[int],
