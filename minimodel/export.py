@@ -147,7 +147,7 @@ def _write(cfg: ExperimentConfig, emb: Embeddings, out: Path, embeddings_only: b
         what = {"kind": "question-answering" if finetuned.qa else "text-classification", "task": cfg.task,
                 "seed": cfg.seed, "labels": [str(x) for x in finetuned.labels], "finetuned": str(model_path)}
     else:
-        model, _ = load_primary(r.primary)
+        model, _ = load_primary(r.primary, cfg.model.family)
         plug_embeddings(model, emb.adapted, tok.sha256, tok.vocab_size)
         to_hf(model.eval(), out)
         what = {"kind": "fill-mask", "primary_model": r.primary}
