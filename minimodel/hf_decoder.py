@@ -198,7 +198,7 @@ def from_hf(path: str | Path) -> DecoderLM:
     return model.eval()
 
 
-def hf_config(cfg: ModelConfig, bos: int, eos: int) -> Any:
+def hf_config(cfg: ModelConfig, bos: int, eos: int, pad: int) -> Any:
     """The ``GPT2Config`` / ``LlamaConfig`` of ``cfg``; ValueError for options neither model has."""
     tf = _transformers()
     if cfg.positions == "learned" and cfg.norm == "layernorm" and cfg.bias and cfg.tie_embeddings and \
@@ -208,25 +208,27 @@ def hf_config(cfg: ModelConfig, bos: int, eos: int) -> Any:
             n_positions=cfg.max_positions, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout,
             attn_pdrop=cfg.attn_dropout, layer_norm_epsilon=cfg.layer_norm_eps, initializer_range=cfg.init_std,
             activation_function="gelu_new" if cfg.activation == "gelu_tanh" else "gelu", bos_token_id=bos,
-            eos_token_id=eos, pad_token_id=cfg.pad_id, tie_word_embeddings=True)
+            eos_token_id=eos, pad_token_id=pad, tie_word_embeddings=True)
     if cfg.positions == "rotary" and cfg.norm == "rmsnorm" and not cfg.bias and cfg.activation == "swiglu":
         return tf.LlamaConfig(
             vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
             num_attention_heads=cfg.heads, num_key_value_heads=cfg.heads, intermediate_size=cfg.ffn,
             max_position_embeddings=cfg.max_positions, rms_norm_eps=cfg.layer_norm_eps,
             initializer_range=cfg.init_std, hidden_act="silu", attention_dropout=cfg.attn_dropout,
-            rope_theta=cfg.rope_theta, bos_token_id=bos, eos_token_id=eos, pad_token_id=cfg.pad_id,
+            rope_theta=cfg.rope_theta, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
             tie_word_embeddings=cfg.tie_embeddings)
     raise ValueError(f"a decoder with norm={cfg.norm}, positions={cfg.positions}, activation={cfg.activation}, "
                      f"bias={cfg.bias}, tie_embeddings={cfg.tie_embeddings} is neither GPT-2 (layernorm, learned, "
                      f"gelu_tanh, biases, tied) nor Llama (rmsnorm, rotary, swiglu, no biases): no transformers class")
 
 
-def to_hf(model: DecoderLM, path: str | Path, bos: int = 0, eos: int = 2) -> None:
+def to_hf(model: DecoderLM, path: str | Path, bos: int = 0, eos: int = 2, pad: int = 1) -> None:
     """Save ``model`` (its primary head) as a HF ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` directory, which
-    ``AutoModelForCausalLM`` loads; ``bos`` / ``eos``: the tokenizer's ids (SentencePiece's <s> 0 and </s> 2)."""
+    ``AutoModelForCausalLM`` loads; ``bos`` / ``eos`` / ``pad``: the ids of the tokenizer shipped with it (by default
+    a SentencePiece model's <s> 0, </s> 2, <pad> 1: what ``minimodel export`` writes, whatever the source model's
+    tokenizer padded with)."""
     tf = _transformers()
-    config = hf_config(model.cfg, bos, eos)
+    config = hf_config(model.cfg, bos, eos, pad)
     hf_model = (tf.GPT2LMHeadModel if config.model_type == "gpt2" else tf.LlamaForCausalLM)(config)
     missing, unexpected = hf_model.load_state_dict(our_state_dict_to_hf(model), strict=False)
     missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]

@@ -199,7 +199,9 @@ class RobertaMLM(nn.Module):
         """
         return head_losses(self, input_ids, labels, heads)
 
-    lm_losses = mlm_losses  # the name every family's model answers to (a causal LM's labels are the next tokens)
+    def lm_losses(self, input_ids: Tensor, labels: Tensor, heads: Sequence[str] | None = None) -> dict[str, Tensor]:
+        """The name every family's model answers to (what the training module calls): here the MLM losses."""
+        return self.mlm_losses(input_ids, labels, heads)
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         """Unique parameters (the tied projection counts once)."""

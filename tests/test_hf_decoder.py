@@ -56,7 +56,7 @@ def test_from_hf_gives_the_hf_logits_and_to_hf_round_trips(tmp_path, kind, tied)
     x = torch.randint(3, 300, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (hf(x).logits - ours.logits(x)).abs().max() < 1e-5
-    to_hf(ours, tmp_path / "back", bos=0, eos=2)
+    to_hf(ours, tmp_path / "back", bos=0, eos=2, pad=1)
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
     assert type(again).__name__ == type(hf).__name__
     with torch.no_grad():
@@ -99,6 +99,7 @@ def test_minipost_from_gpt2_steps_1b_to_4_and_export_to_a_text_generation_pipeli
     model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert type(model).__name__ == "GPT2LMHeadModel" and tok.is_fast
+    assert (model.config.pad_token_id, model.config.eos_token_id) == (tok.pad_token_id, tok.eos_token_id) == (1, 2)
     text = "Das ist ein kleiner Test"
     de = Tokenizer(tmp_path / "prepared" / "de" / "spm.model")
     ids = tok(text, return_tensors="pt")["input_ids"]
