@@ -18,6 +18,7 @@ from minimodel.data.tokenizer import HFTokenizer, Tokenizer  # noqa: E402
 from minimodel.hf_decoder import from_hf, to_hf  # noqa: E402
 from minimodel.stages.bridge import load_primary  # noqa: E402
 from tests.conftest import ROOT, real_text, stage_overrides, tiny_overrides  # noqa: E402
+from tests.test_decoder_pipeline import small_task  # noqa: E402
 
 EOT = "<|endoftext|>"
 
@@ -82,7 +83,7 @@ def test_minipost_from_gpt2_steps_1b_to_4_and_export_to_a_text_generation_pipeli
     tiny("gpt2", hf_tok.vocab_size).save_pretrained(source)
     args = [*tiny_overrides(tmp_path, corpus_dir), "data.num_workers=0", "sweep=[]", "system=minipost",
             "model.family=decoder", "model.activation=gelu_tanh", f"bridge.source={source}", "bridge.depth=1",
-            "bridge.layers=1", "target_langs=[de]",
+            "bridge.layers=1", "target_langs=[de]", f"tasks.lohelp.source={small_task(tmp_path)}",
             *stage_overrides(["bridge", "adapt"], global_batch=8, micro_batch=8, warmup_updates=1, val_every=4,
                              log_every=2),
             *stage_overrides(["bridge"], updates=3), *stage_overrides(["adapt"], updates=4, ckpt_every=4),
