@@ -1,7 +1,7 @@
 """Hugging Face interop of the decoder family (minimodel/hf_decoder.py), on tiny randomly initialised GPT-2 and Llama
 models written here (no hub): ``from_hf`` gives the HF logits, ``to_hf`` round-trips, MiniPost runs steps 1b-4 from a
-``GPT2LMHeadModel`` directory with that model's own byte-level BPE tokenizer (no padding or mask token), and the
-adapted German model exports to ``AutoModelForCausalLM`` + a fast tokenizer that ``pipeline("text-generation")``
+``GPT2LMHeadModel`` or ``LlamaForCausalLM`` directory with that model's own tokenizer (byte-level BPE or unigram, no
+padding or mask token), and the adapted German model exports to ``AutoModelForCausalLM`` + a fast tokenizer that ``pipeline("text-generation")``
 runs offline, with our logits."""
 
 from __future__ import annotations
@@ -36,15 +36,27 @@ def gpt2_tokenizer(out: Path, vocab: int = 600) -> Path:
     return out
 
 
+def llama_tokenizer(out: Path, vocab: int = 600) -> Path:
+    """A Llama-style SentencePiece unigram tokenizer (<unk> <s> </s>, no padding or mask token) trained on English."""
+    from tokenizers import SentencePieceUnigramTokenizer
+
+    backend = SentencePieceUnigramTokenizer()
+    backend.train_from_iterator(real_text("en", 200_000).splitlines(), vocab_size=vocab,
+                                special_tokens=["<unk>", "<s>", "</s>"], unk_token="<unk>", show_progress=False)
+    cls = getattr(transformers, "LlamaTokenizerFast", None) or transformers.LlamaTokenizer
+    cls(tokenizer_object=backend._tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(out)
+    return out
+
+
 def tiny(kind: str, vocab: int, **extra: object):
     torch.manual_seed(0)
     if kind == "gpt2":
         config = transformers.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=3, n_head=2, n_positions=64,
-                                         bos_token_id=0, eos_token_id=0, **extra)
+                                         **{"bos_token_id": 0, "eos_token_id": 0, **extra})
         return transformers.GPT2LMHeadModel(config).eval()
     config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=3, num_attention_heads=2,
-                                      intermediate_size=96, max_position_embeddings=64, bos_token_id=0,
-                                      eos_token_id=2, **extra)
+                                      intermediate_size=96, max_position_embeddings=64,
+                                      **{"bos_token_id": 0, "eos_token_id": 2, **extra})
     return transformers.LlamaForCausalLM(config).eval()
 
 
@@ -76,13 +88,22 @@ def test_unsupported_decoders_are_clear_errors(tmp_path):
 
 
 @pytest.mark.slow
-def test_minipost_from_gpt2_steps_1b_to_4_and_export_to_a_text_generation_pipeline(tmp_path, corpus_dir):
-    source = gpt2_tokenizer(tmp_path / "tiny-gpt2")
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_minipost_from_a_public_decoder_steps_1b_to_4_and_export_to_a_text_generation_pipeline(tmp_path, corpus_dir,
+                                                                                               kind):
+    """GPT-2 (tied, byte-level BPE, <|endoftext|> for everything) or Llama (untied, unigram, <s> = 1, </s> = 2)."""
+    if kind == "gpt2":
+        source = gpt2_tokenizer(tmp_path / "tiny-gpt2")
+        ids = {"bos_token_id": 0, "eos_token_id": 0}
+    else:
+        source = llama_tokenizer(tmp_path / "tiny-llama")
+        ids = {"bos_token_id": 1, "eos_token_id": 2}
     hf_tok = HFTokenizer(str(source), causal=True)
-    assert hf_tok.specials.pad == hf_tok.specials.eos == hf_tok.specials.mask == 0  # no <pad>, no <mask>
-    tiny("gpt2", hf_tok.vocab_size).save_pretrained(source)
+    eos = ids["eos_token_id"]
+    assert hf_tok.specials.pad == hf_tok.specials.eos == hf_tok.specials.mask == eos  # no <pad>, no <mask>
+    tiny(kind, hf_tok.vocab_size, **ids).save_pretrained(source)
     args = [*tiny_overrides(tmp_path, corpus_dir), "data.num_workers=0", "sweep=[]", "system=minipost",
-            "model.family=decoder", "model.activation=gelu_tanh", f"bridge.source={source}", "bridge.depth=1",
+            "model.family=decoder", f"bridge.source={source}", "bridge.depth=1",
             "bridge.layers=1", "target_langs=[de]", f"tasks.lohelp.source={small_task(tmp_path)}",
             *stage_overrides(["bridge", "adapt"], global_batch=8, micro_batch=8, warmup_updates=1, val_every=4,
                              log_every=2),
@@ -99,7 +120,8 @@ def test_minipost_from_gpt2_steps_1b_to_4_and_export_to_a_text_generation_pipeli
     assert main(["export", experiment, *args, "lang=de", "--out", str(out)]) == 0
     model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
-    assert type(model).__name__ == "GPT2LMHeadModel" and tok.is_fast
+    assert type(model).__name__ == {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}[kind] and tok.is_fast
+    assert model.config.tie_word_embeddings == (kind == "gpt2")
     assert (model.config.pad_token_id, model.config.eos_token_id) == (tok.pad_token_id, tok.eos_token_id) == (1, 2)
     text = "Das ist ein kleiner Test"
     de = Tokenizer(tmp_path / "prepared" / "de" / "spm.model")
