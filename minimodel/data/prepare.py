@@ -21,8 +21,8 @@ from minimodel.data.shards import check_writable
 from minimodel.data.spm_sample import SAMPLE_FILE
 from minimodel.data.spm_training import train_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError
-from minimodel.families import causal
 from minimodel.errors import UserError
+from minimodel.families import causal
 from minimodel.layout import Prepared, prepared
 from minimodel.locks import exclusive
 from minimodel.log import get_logger
