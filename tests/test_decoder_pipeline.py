@@ -15,6 +15,7 @@ from minimodel.checkpoints import load_adaptation, load_checkpoint, load_trained
 from minimodel.cli import main
 from minimodel.layout import adaptation_checkpoints
 from minimodel.results import ResultsTable
+from minimodel.stages.adapt import run_adapt
 from minimodel.stages.pretrain import run_pretrain
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_config, tiny_overrides
 from tests.test_pretrain import rows
@@ -94,14 +95,25 @@ def test_the_four_decoder_systems_through_steps_1_to_4(tmp_path, prepared, corpu
     assert "perplexity" in (runs / "report.md").read_text()  # the report's table of every other metric
 
 
-def test_an_interrupted_decoder_pretraining_resumes_exactly(tmp_path, prepared, corpus_dir):
+def test_an_interrupted_decoder_pretraining_and_adaptation_resume_exactly(tmp_path, prepared, corpus_dir):
+    """Untied MiniJoint: step 1 stopped at update 3 and resumed, then step 2 (input embeddings and output projection,
+    over the head after layer 2) stopped at update 3 and resumed, equal the uninterrupted runs bit for bit."""
     extra = [*LLAMA, "model.mini_heads=[2]", "system=minijoint",
-             *stage_overrides(["pretrain"], updates=8, **TINY_STAGE, ckpt_every=4, val_every=4, log_every=1)]
-    straight = run_pretrain(tiny_config(tmp_path / "a", corpus_dir, *extra, prepared=prepared), progress_bar=False)
-    b = tmp_path / "b"
+             *stage_overrides(["pretrain", "adapt"], updates=8, **TINY_STAGE, ckpt_every=4, val_every=4, log_every=1)]
+    a, b = tmp_path / "a", tmp_path / "b"
+    straight = run_pretrain(tiny_config(a, corpus_dir, *extra, prepared=prepared), progress_bar=False)
     run_pretrain(tiny_config(b, corpus_dir, *extra, "pretrain.trainer.stop_at=3", prepared=prepared),
                  progress_bar=False)
     resumed = run_pretrain(tiny_config(b, corpus_dir, *extra, prepared=prepared), progress_bar=False)
     one, two = state(straight.run_dir / "checkpoints" / "last.ckpt"), state(resumed.run_dir / "checkpoints" / "last.ckpt")
     assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
     assert rows(straight.run_dir) == rows(resumed.run_dir)
+
+    adapted = run_adapt(tiny_config(a, corpus_dir, *extra, "lang=de", prepared=prepared), progress_bar=False)
+    run_adapt(tiny_config(b, corpus_dir, *extra, "lang=de", "adapt.trainer.stop_at=3", prepared=prepared),
+              progress_bar=False)
+    again = run_adapt(tiny_config(b, corpus_dir, *extra, "lang=de", prepared=prepared), progress_bar=False)
+    x, y = (load_adaptation(adaptation_checkpoints(r.run_dir)[-1]) for r in (adapted, again))
+    assert x.step == y.step == 8 and x.output is not None
+    assert torch.equal(x.embeddings, y.embeddings) and torch.equal(x.output, y.output)
+    assert rows(adapted.run_dir) == rows(again.run_dir)
