@@ -25,6 +25,7 @@ import torch
 
 from minimodel import atomic
 from minimodel.errors import CheckpointError
+from minimodel.families import build, of
 from minimodel.model import ClassificationHead, ModelConfig, RobertaMLM, SpanHead
 
 FORMAT = 2  # 1: before typed payloads (adaptation checkpoints wrote format 1, the others none)
@@ -202,6 +203,9 @@ class Adaptation(Payload):
     primary: str = ""  # the primary model the embeddings are meant for
     overlapping_pieces: int = 0
     phase: str = ""  # progressive adaptation: the head of the phase the last update (``step``) belonged to
+    # the output projection (V_trg, h) of a model whose heads do not project with the embeddings (a causal LM with
+    # model.tie_embeddings: false); None otherwise. ``bias`` is empty where the heads have no output bias
+    output: torch.Tensor | None = None
 
 
 @dataclass
@@ -237,7 +241,7 @@ def load_trained_model(path: Path) -> tuple[RobertaMLM, TrainingMeta]:
     """The ``RobertaMLM`` and metadata of a training checkpoint (step 1 or 1b)."""
     ckpt = load_checkpoint(path)
     meta = TrainingMeta.from_checkpoint(ckpt, path)
-    model = RobertaMLM(ModelConfig(**meta.model_config))
+    model = build(ModelConfig(**meta.model_config))
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     try:
         model.load_state_dict(state)
@@ -254,10 +258,11 @@ def load_adaptation(path: Path) -> Adaptation:
 def load_finetuned(path: Path) -> tuple[RobertaMLM, torch.nn.Module, Finetuned]:
     """Body and task head of a finished step-3 run (``model.pt``)."""
     ft = Finetuned.from_dict(load_checkpoint(path), path)
-    body = RobertaMLM(ModelConfig(**ft.model_config))
+    body = build(ModelConfig(**ft.model_config))
     body.load_state_dict(ft.body_state)
     body.tie_weights()
     cfg = body.cfg
-    head: torch.nn.Module = SpanHead(cfg.hidden) if ft.qa else ClassificationHead(cfg.hidden, len(ft.labels), cfg.dropout)
+    head: torch.nn.Module = (SpanHead(cfg.hidden) if ft.qa else
+                             ClassificationHead(cfg.hidden, len(ft.labels), cfg.dropout, of(cfg).pooling))
     head.load_state_dict(ft.head_state)
     return body, head, ft

@@ -1,7 +1,8 @@
 """`minimodel export`: an adapted model out of minimodel, into ``transformers``.
 
 ``minimodel export CONFIG lang=de [step=N] [task=T seed=S] --out DIR`` writes a standard ``transformers``
-directory: the primary model with the target language's embeddings (``RobertaForMaskedLM``), or with
+directory: the primary model with the target language's embeddings (``RobertaForMaskedLM``; a decoder's
+``GPT2LMHeadModel`` or ``LlamaForCausalLM``, for ``AutoModelForCausalLM`` and ``pipeline("text-generation")``), or with
 ``task``/``seed`` the finetuned model of step 3 with them (``RobertaForSequenceClassification`` with the task's
 label names, ``RobertaForQuestionAnswering``), the language's SentencePiece model as a fast tokenizer with the
 same ids (``hf.fast_tokenizer``), and ``minimodel.json`` (where it came from). ``step`` picks an adaptation
@@ -126,8 +127,11 @@ def export(cfg: ExperimentConfig, out: Path, step: int | None = None, embeddings
 
 def _write(cfg: ExperimentConfig, emb: Embeddings, out: Path, embeddings_only: bool) -> str:
     """The files of the export, into the (temporary) directory ``out``; returns what kind of export it is."""
-    from minimodel.hf import fast_tokenizer, task_to_hf, to_hf
+    from minimodel.families import causal, hf_module, max_tokens
+    from minimodel.hf import fast_tokenizer
     from minimodel.stages.bridge import load_primary
+
+    hf = hf_module(cfg.model)  # the family's conversion (hf.py, hf_decoder.py)
 
     tok = emb.tokenizer
     if embeddings_only:
@@ -137,22 +141,25 @@ def _write(cfg: ExperimentConfig, emb: Embeddings, out: Path, embeddings_only: b
         return "embeddings"
     r = runs(cfg)
     if cfg.task:
+        if not hasattr(hf, "task_to_hf"):
+            raise ConfigError(f"export task={cfg.task}: a finetuned model of model.family={cfg.model.family} has no "
+                              f"transformers class here; export the adapted language model (without task=)")
         model_path = finetuned_model(r.finetune(cfg.task, cfg.seed))
         if not model_path.is_file():
             raise CheckpointError(f"{model_path} not found: run `minimodel finetune ... task={cfg.task} "
                                   f"seed={cfg.seed}` first")
         body, head, finetuned = load_finetuned(model_path)
         plug_embeddings(body, emb.adapted, tok.sha256, tok.vocab_size)
-        task_to_hf(body.eval(), head.eval(), list(finetuned.labels), finetuned.qa, out)
+        hf.task_to_hf(body.eval(), head.eval(), list(finetuned.labels), finetuned.qa, out)
         what = {"kind": "question-answering" if finetuned.qa else "text-classification", "task": cfg.task,
                 "seed": cfg.seed, "labels": [str(x) for x in finetuned.labels], "finetuned": str(model_path)}
     else:
-        model, _ = load_primary(r.primary)
+        model, _ = load_primary(r.primary, cfg.model.family)
         plug_embeddings(model, emb.adapted, tok.sha256, tok.vocab_size)
-        to_hf(model.eval(), out)
-        what = {"kind": "fill-mask", "primary_model": r.primary}
+        hf.to_hf(model.eval(), out)
+        what = {"kind": "text-generation" if causal(cfg.model) else "fill-mask", "primary_model": r.primary}
         body = model
-    fast_tokenizer(tok.path, body.cfg.max_positions - 2).save_pretrained(str(out))
+    fast_tokenizer(tok.path, max_tokens(body.cfg), causal=causal(body.cfg)).save_pretrained(str(out))
     _write_provenance(out, emb, **what)
     return str(what["kind"])
 

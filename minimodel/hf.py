@@ -275,11 +275,12 @@ def task_to_hf(body: RobertaMLM, head: torch.nn.Module, labels: list[str], qa: b
     hf_model.save_pretrained(str(path))
 
 
-def fast_tokenizer(sentencepiece_model: str | Path, model_max_length: int) -> Any:
+def fast_tokenizer(sentencepiece_model: str | Path, model_max_length: int, causal: bool = False) -> Any:
     """A ``transformers`` fast tokenizer that gives a SentencePiece model's ids (our ``Tokenizer``): its pieces
     and scores as a ``tokenizers`` Unigram/BPE model with SentencePiece's normalisation (``transformers``'
-    converter), RoBERTa's templates ``<s> A </s>`` and ``<s> A </s></s> B </s>``, and the special tokens
-    ``<s> <pad> </s> <unk> <mask>`` at ids 0-4."""
+    converter), RoBERTa's templates ``<s> A </s>`` and ``<s> A </s></s> B </s>`` (``causal``: ``<s> A``, a prompt
+    that the model goes on from, and ``<s> A </s> B``), and the special tokens ``<s> <pad> </s> <unk> <mask>`` at
+    ids 0-4."""
     tf = _transformers()
     from tokenizers import processors
     from transformers.convert_slow_tokenizer import SpmConverter
@@ -289,9 +290,9 @@ def fast_tokenizer(sentencepiece_model: str | Path, model_max_length: int) -> An
         add_prefix_space = True
 
     tok = SpmConverter(_Source()).converted()
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
-        special_tokens=[("<s>", 0), ("</s>", 2)])
+    single, pair = ("<s> $A", "<s> $A </s> $B") if causal else ("<s> $A </s>", "<s> $A </s> </s> $B </s>")
+    tok.post_processor = processors.TemplateProcessing(single=single, pair=pair,
+                                                       special_tokens=[("<s>", 0), ("</s>", 2)])
     return tf.PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
         unk_token="<unk>", pad_token="<pad>", mask_token="<mask>", model_max_length=model_max_length)

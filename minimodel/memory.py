@@ -40,6 +40,7 @@ from dataclasses import dataclass, fields
 
 from minimodel.config.schema import ExperimentConfig, ModelConfig
 from minimodel.errors import ConfigError
+from minimodel.families import predicted_share
 from minimodel.systems import Body, adapt_depth, adapt_phases, of
 
 GiB = 2**30
@@ -246,7 +247,7 @@ def estimate(cfg: ExperimentConfig, sm: StageModel, micro_batch: int | None = No
     mb = sm.micro_batch if micro_batch is None else micro_batch
     a = act_bytes(sm)
     tokens = mb * sm.seq_len
-    rows = round(cfg.data.mask_prob * tokens) if sm.heads else 0
+    rows = round(predicted_share(cfg) * tokens) if sm.heads else 0  # a causal LM: every token
     act = tokens * (sm.train_layers * layer_activation_bytes(m, a, True, device)
                     + sm.frozen_layers * layer_activation_bytes(m, a, False, device)
                     + embedding_activation_bytes(m, sm.embeddings, device)

@@ -22,7 +22,7 @@ from minimodel.config.schema import PRIMARY, ModelConfig
 
 IGNORE_INDEX = -100
 
-__all__ = ["PRIMARY", "IGNORE_INDEX", "ModelConfig", "RobertaMLM", "ClassificationHead", "SpanHead"]
+__all__ = ["PRIMARY", "IGNORE_INDEX", "ModelConfig", "RobertaMLM", "ClassificationHead", "SpanHead", "head_losses"]
 
 
 class Embeddings(nn.Module):
@@ -81,17 +81,27 @@ class MLMHead(nn.Module):
 
 
 class ClassificationHead(nn.Module):
-    """RoBERTa's sentence(-pair) classification head over the <s> token."""
+    """RoBERTa's sentence(-pair) classification head over one token: ``pooling`` "first" reads <s> (RoBERTa), "last"
+    the last real token of each row (a causal LM: the only position that has seen the whole input), found from
+    ``attention_mask`` (right padding), or the last position without one."""
 
-    def __init__(self, hidden: int, num_labels: int, dropout: float) -> None:
+    def __init__(self, hidden: int, num_labels: int, dropout: float, pooling: str = "first") -> None:
         super().__init__()
+        if pooling not in ("first", "last"):
+            raise ValueError(f"pooling must be 'first' or 'last', got {pooling!r}")
+        self.pooling = pooling
         self.dense = nn.Linear(hidden, hidden)
         self.dropout = nn.Dropout(dropout)
         self.out = nn.Linear(hidden, num_labels)
 
-    def forward(self, h: Tensor) -> Tensor:
-        x = self.dropout(h[:, 0])  # (B, C)
-        return self.out(self.dropout(torch.tanh(self.dense(x))))  # (B, num_labels)
+    def forward(self, h: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        if self.pooling == "first":
+            x = h[:, 0]  # (B, C)
+        else:
+            last = (attention_mask.sum(1) - 1 if attention_mask is not None
+                    else torch.full((h.shape[0],), h.shape[1] - 1, device=h.device))
+            x = h[torch.arange(h.shape[0], device=h.device), last.to(h.device)]  # (B, C)
+        return self.out(self.dropout(torch.tanh(self.dense(self.dropout(x)))))  # (B, num_labels)
 
 
 class SpanHead(nn.Module):
@@ -101,7 +111,7 @@ class SpanHead(nn.Module):
         super().__init__()
         self.out = nn.Linear(hidden, 2)
 
-    def forward(self, h: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, h: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         start, end = self.out(h).unbind(dim=-1)  # (B, T) each
         return start, end
 
@@ -187,17 +197,30 @@ class RobertaMLM(nn.Module):
         positions are projected onto the vocabulary. MLM blocks are never padded (no attention mask), and the
         masked positions are found once for every head: one host sync (their count) per call.
         """
-        names = list(heads) if heads is not None else self.cfg.head_names
-        depth_of = {name: self.cfg.head_depth(name) for name in names}
-        states = self.hidden_states(input_ids, list(depth_of.values()), padded=False)
-        where = labels.flatten().ne(IGNORE_INDEX).nonzero().squeeze(1)  # (N,): the masked positions of B*T
-        targets = labels.flatten().index_select(0, where)  # (N,)
-        losses = {}
-        for name, depth in depth_of.items():
-            h = states[depth].flatten(0, 1).index_select(0, where)  # (N, C): only masked positions reach the head
-            losses[name] = F.cross_entropy(self.heads[name](h).float(), targets)  # logits (N, V)
-        return losses
+        return head_losses(self, input_ids, labels, heads)
+
+    def lm_losses(self, input_ids: Tensor, labels: Tensor, heads: Sequence[str] | None = None) -> dict[str, Tensor]:
+        """The name every family's model answers to (what the training module calls): here the MLM losses."""
+        return self.mlm_losses(input_ids, labels, heads)
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         """Unique parameters (the tied projection counts once)."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+
+def head_losses(model: nn.Module, input_ids: Tensor, labels: Tensor, heads: Sequence[str] | None = None
+                ) -> dict[str, Tensor]:
+    """Mean cross-entropy at the positions where ``labels`` != -100 for each head asked for (default: every head of
+    ``model``), computing the layers up to the deepest of them once; only those positions reach the heads. The
+    blocks are never padded. One host sync (the count of labelled positions) per call."""
+    cfg = model.cfg
+    names = list(heads) if heads is not None else cfg.head_names
+    depth_of = {name: cfg.head_depth(name) for name in names}
+    states = model.hidden_states(input_ids, list(depth_of.values()), padded=False)
+    where = labels.flatten().ne(IGNORE_INDEX).nonzero().squeeze(1)  # (N,): the labelled positions of B*T
+    targets = labels.flatten().index_select(0, where)  # (N,)
+    losses = {}
+    for name, depth in depth_of.items():
+        h = states[depth].flatten(0, 1).index_select(0, where)  # (N, C): only labelled positions reach the head
+        losses[name] = F.cross_entropy(model.heads[name](h).float(), targets)  # logits (N, V)
+    return losses

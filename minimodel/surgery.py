@@ -1,8 +1,11 @@
 """Model surgery: extract a MiniJoint mini-model, build a MiniPost mini-model, initialise and swap
 token embeddings, plug adapted embeddings into the primary model, and freeze by name.
 
-Every function takes and returns plain ``RobertaMLM`` modules; nothing here reads files except
-``plug_embeddings``, which checks an adaptation checkpoint against a tokenizer."""
+Every function takes and returns plain models of any family (``families.build``: ``RobertaMLM``, ``DecoderLM``), found
+by module names (``embeddings.tokens``, ``layers``, ``heads``); nothing here reads files except ``plug_embeddings``,
+which checks an adaptation checkpoint against a tokenizer. A head with no ``bias`` (a causal LM's) gets none, and a
+model whose output projection is its own matrix (``model.tie_embeddings: false``) has it swapped and trained with
+the embeddings."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from minimodel.errors import UserError
+from minimodel.families import build
 from minimodel.model import PRIMARY, ModelConfig, RobertaMLM
 
 if TYPE_CHECKING:
@@ -42,8 +46,9 @@ def trainable_parameters(model: nn.Module) -> int:
 
 
 def adaptation_trainable(name: str) -> bool:
-    """Step 2: the token embeddings (tied to the output projection) and the MLM output bias."""
-    return name == "embeddings.tokens.weight" or name == f"heads.{PRIMARY}.bias"
+    """Step 2: the token embeddings (tied to the output projection), the MLM output bias where the heads have one, and
+    the output projection where it is not tied to the embeddings (it then appears under the primary head's name)."""
+    return name in ("embeddings.tokens.weight", f"heads.{PRIMARY}.bias", f"heads.{PRIMARY}.decoder.weight")
 
 
 def bridge_trainable(depth: int) -> Callable[[str], bool]:
@@ -81,7 +86,7 @@ def staged_body(model: RobertaMLM, heads: Sequence[str]) -> tuple[RobertaMLM, di
     names = staged_names(model.cfg, heads)
     depth = max(model.cfg.head_depth(h) for h in heads)
     others = sorted(int(name[1:]) for name in names.values() if name != PRIMARY)
-    body = RobertaMLM(replace(model.cfg, layers=depth, mini_heads=others))
+    body = build(replace(model.cfg, layers=depth, mini_heads=others))
     _copy_into(body.embeddings, model.embeddings)
     for i in range(depth):
         _copy_into(body.layers[i], model.layers[i])
@@ -103,7 +108,7 @@ def tie_biases(model: RobertaMLM) -> None:
     """Every MLM head's output bias becomes the primary head's (one parameter, as the projections share the
     embeddings): progressive adaptation trains one output bias across its phases."""
     for name, head in model.heads.items():
-        if name != PRIMARY:
+        if name != PRIMARY and getattr(head, "bias", None) is not None:
             head.bias = model.heads[PRIMARY].bias
 
 
@@ -114,7 +119,7 @@ def build_minipost(model: RobertaMLM, depth: int, bridge_layers: int, seed: int 
         raise ValueError(f"depth must be in 1..{model.cfg.layers - 1}, got {depth}")
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        mini = RobertaMLM(replace(model.cfg, layers=depth + bridge_layers, mini_heads=[]))
+        mini = build(replace(model.cfg, layers=depth + bridge_layers, mini_heads=[]))
     _copy_into(mini.embeddings, model.embeddings)
     for i in range(depth):
         _copy_into(mini.layers[i], model.layers[i])
@@ -128,7 +133,7 @@ def primary_only(model: RobertaMLM) -> RobertaMLM:
     """The model without its secondary heads (what steps 3 and 4 use)."""
     if not model.cfg.mini_heads:
         return model
-    out = RobertaMLM(replace(model.cfg, mini_heads=[]))
+    out = build(replace(model.cfg, mini_heads=[]))
     state = {k: v for k, v in model.state_dict().items() if not k.startswith("heads.") or k.startswith("heads.primary.")}
     out.load_state_dict(state)
     out.tie_weights()
@@ -158,26 +163,38 @@ def overlap_init(source: Tensor, source_pieces: Sequence[str | None], target_pie
     return weight, rows
 
 
-def swap_embeddings(model: RobertaMLM, weight: Tensor, bias: Tensor | None = None) -> RobertaMLM:
+def swap_embeddings(model: RobertaMLM, weight: Tensor, bias: Tensor | None = None,
+                    output: Tensor | None = None) -> RobertaMLM:
     """Install token embeddings of any vocabulary size (and the primary head's output bias), in place.
 
     The new matrix becomes the one object every MLM head's projection is tied to. Without a
-    ``bias``, heads keep theirs when the size is unchanged and get zeros otherwise."""
+    ``bias``, heads keep theirs when the size is unchanged and get zeros otherwise; heads without a bias get none.
+    A model with an output projection of its own (``model.tie_embeddings: false``) needs ``output`` (V, h) too."""
     vocab, hidden = weight.shape
     if hidden != model.cfg.hidden:
         raise PlugError(f"embeddings have width {hidden}, the model {model.cfg.hidden}")
     pad = model.cfg.pad_id
     if pad >= vocab:
         raise PlugError(f"embeddings have {vocab} rows, fewer than the padding id {pad} + 1")
+    untied = not model.cfg.tie_embeddings
+    if untied and (output is None or tuple(output.shape) != tuple(weight.shape)):
+        raise PlugError(f"the model's output projection is not tied to its embeddings: it needs an output matrix of "
+                        f"the embeddings' shape {tuple(weight.shape)}, got "
+                        f"{None if output is None else tuple(output.shape)}")
     old_vocab = model.cfg.vocab_size
-    tokens = nn.Embedding(vocab, hidden, padding_idx=pad)
+    tokens = nn.Embedding(vocab, hidden, padding_idx=model.embeddings.tokens.padding_idx)
     with torch.no_grad():
         tokens.weight.copy_(weight)
     tokens.weight.requires_grad_(model.embeddings.tokens.weight.requires_grad)
     model.embeddings.tokens = tokens
     model.cfg = replace(model.cfg, vocab_size=vocab)
+    out_grad = model.heads[PRIMARY].decoder.weight.requires_grad
     for name, head in model.heads.items():
         head.decoder = nn.Linear(hidden, vocab, bias=False)
+        if untied and name == PRIMARY:
+            head.decoder.weight = nn.Parameter(output.detach().clone().to(weight.dtype), requires_grad=out_grad)
+        if getattr(head, "bias", None) is None:
+            continue
         new_bias = bias if (bias is not None and name == PRIMARY) else (head.bias.detach() if vocab == old_vocab else None)
         requires_grad = head.bias.requires_grad
         head.bias = nn.Parameter(new_bias.clone() if new_bias is not None else torch.zeros(vocab),
@@ -187,9 +204,12 @@ def swap_embeddings(model: RobertaMLM, weight: Tensor, bias: Tensor | None = Non
 
 
 def adaptation_state(model: RobertaMLM) -> dict[str, Tensor]:
-    """What step 4 needs from an adapted model: embeddings and output bias (detached CPU copies)."""
-    return {"embeddings": model.embeddings.tokens.weight.detach().cpu().clone(),
-            "bias": model.heads[PRIMARY].bias.detach().cpu().clone()}
+    """What step 4 needs from an adapted model: embeddings, output bias (empty where the heads have none) and the
+    output projection where it is not tied to the embeddings (else None); detached CPU copies."""
+    head = model.heads[PRIMARY]
+    bias = head.bias.detach().cpu().clone() if getattr(head, "bias", None) is not None else torch.zeros(0)
+    output = None if model.cfg.tie_embeddings else head.decoder.weight.detach().cpu().clone()
+    return {"embeddings": model.embeddings.tokens.weight.detach().cpu().clone(), "bias": bias, "output": output}
 
 
 def plug_embeddings(model: RobertaMLM, adapted: Adaptation, tokenizer_sha256: str, tokenizer_vocab: int) -> RobertaMLM:
@@ -205,4 +225,5 @@ def plug_embeddings(model: RobertaMLM, adapted: Adaptation, tokenizer_sha256: st
         raise PlugError(f"{where} has {emb.shape[0]} embedding rows but the tokenizer has {tokenizer_vocab} pieces")
     if emb.shape[1] != model.cfg.hidden:
         raise PlugError(f"{where} has embeddings of width {emb.shape[1]}, the model expects {model.cfg.hidden}")
-    return swap_embeddings(model, emb, adapted.bias)
+    bias = adapted.bias if adapted.bias.numel() else None
+    return swap_embeddings(model, emb, bias, adapted.output)

@@ -133,3 +133,20 @@ def test_only_systems_branches_on_a_system_name():
                 if constants & SYSTEM_NAMES:
                     offenders.append(f"{name}:{node.lineno}")
     assert offenders == []
+
+
+def test_only_families_branches_on_a_family_name():
+    """No comparison with a model family's name (`family == "decoder"`) outside the declarations in families.py: what
+    differs between families (objective, pooling, output bias, positions, Hugging Face module) is declared there."""
+    from minimodel.families import REGISTRY
+
+    offenders = []
+    for name, path in modules().items():
+        if name == "minimodel.families":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                constants = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant)}
+                if constants & set(REGISTRY):
+                    offenders.append(f"{name}:{node.lineno}")
+    assert offenders == []

@@ -26,8 +26,9 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     if cfg.adapt.tag and not re.fullmatch(r"[A-Za-z0-9_-]+", cfg.adapt.tag):
         fail(f"adapt.tag={cfg.adapt.tag!r}: use letters, digits, '-' and '_' (it names run directories)")
     _validate_sizes(cfg, fail)
-    if cfg.model.max_positions < cfg.data.seq_len + 2:
-        fail(f"model.max_positions ({cfg.model.max_positions}) must be at least data.seq_len + 2 ({cfg.data.seq_len + 2})")
+    from minimodel.families import check_model
+
+    check_model(cfg, fail)
     if not 0.0 < cfg.data.mask_prob < 1.0:
         fail(f"data.mask_prob must be in (0, 1), got {cfg.data.mask_prob}")
     _validate_head_weights(cfg, fail)
@@ -280,7 +281,10 @@ def _validate_tasks(cfg: ExperimentConfig, fail: Any) -> None:
 
 def check_task_fits(cfg: ExperimentConfig, task: str) -> None:
     """Called where a task is featurised: its inputs must fit the model's positions."""
-    if cfg.tasks[task].max_len > cfg.model.max_positions - 2:
+    from minimodel.families import max_tokens, of
+
+    offset = f" - {of(cfg.model).position_offset}" if of(cfg.model).position_offset else ""
+    if cfg.tasks[task].max_len > max_tokens(cfg.model):
         raise ConfigError(f"tasks.{task}.max_len ({cfg.tasks[task].max_len}) exceeds the model's positions "
-                          f"(model.max_positions - 2 = {cfg.model.max_positions - 2}): set tasks.{task}.max_len")
+                          f"(model.max_positions{offset} = {max_tokens(cfg.model)}): set tasks.{task}.max_len")
 

@@ -28,6 +28,15 @@ class ModelConfig:
     pad_id: int = 1
     mini_heads: list[int] = field(default_factory=list)  # depths of secondary MLM heads
     init_std: float = 0.02
+    # the model family (minimodel/families.py): encoder (RoBERTa, masked LM) | decoder (causal LM). The options below
+    # are the decoder's; the encoder takes their defaults only (checked at load time, ``families.check_model``)
+    family: str = "encoder"
+    norm: str = "layernorm"  # layernorm | rmsnorm (decoder)
+    positions: str = "learned"  # learned | rotary (decoder)
+    activation: str = "gelu"  # gelu | gelu_tanh (GPT-2) | swiglu (Llama: gated FFN of width ffn) (decoder)
+    bias: bool = True  # biases in the linear layers and norms (decoder: GPT-2 true, Llama false)
+    tie_embeddings: bool = True  # the LM heads project with the input embeddings (decoder: false = own matrix)
+    rope_theta: float = 10_000.0  # rotary positions' base
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden", "layers", "heads", "ffn", "max_positions"):
@@ -38,7 +47,7 @@ class ModelConfig:
         for name in ("dropout", "attn_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
-        for name in ("layer_norm_eps", "init_std"):
+        for name in ("layer_norm_eps", "init_std", "rope_theta"):
             if not 0.0 < getattr(self, name) < math.inf:
                 raise ValueError(f"model.{name} must be a positive number, got {getattr(self, name)}")
         if not 0 <= self.pad_id < self.vocab_size:

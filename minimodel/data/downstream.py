@@ -19,10 +19,12 @@ from minimodel.model import RobertaMLM
 from minimodel.training.device import autocast_dtype
 
 
-def task_head(task: TaskData, hidden: int, dropout: float) -> nn.Module:
+def task_head(task: TaskData, hidden: int, dropout: float, pooling: str = "first") -> nn.Module:
+    """The task's head: spans for QA, else a classification head reading the token ``pooling`` names (the model
+    family's: ``families.ModelFamily.pooling``)."""
     from minimodel.model import ClassificationHead, SpanHead
 
-    return SpanHead(hidden) if task.is_qa else ClassificationHead(hidden, len(task.labels), dropout)
+    return SpanHead(hidden) if task.is_qa else ClassificationHead(hidden, len(task.labels), dropout, pooling)
 
 
 @torch.no_grad()
@@ -38,7 +40,7 @@ def predict(body: RobertaMLM, head: nn.Module, features: list[dict[str, Any]], b
         batch = pad_collate(chunk, body.cfg.pad_id)
         ids = batch["input_ids"].to(device)
         with torch.autocast(device.type, dtype=half) if half is not None else contextlib.nullcontext():
-            logits = head(body.encode(ids, padded=batch["padded"]))
+            logits = head(body.encode(ids, padded=batch["padded"]), batch["attention_mask"].to(device))
         if isinstance(logits, tuple):
             start, end = (t.float().cpu() for t in logits)
             out.extend((start[j, :len(f["input_ids"])], end[j, :len(f["input_ids"])]) for j, f in enumerate(chunk))

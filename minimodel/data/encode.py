@@ -77,7 +77,7 @@ def _tokenizer_spec(tok: AnyTokenizer) -> tuple[str, str]:
     from minimodel.data.tokenizer import HFTokenizer, Tokenizer
 
     if isinstance(tok, HFTokenizer):
-        return "hf", str(tok.path)
+        return "hf-causal" if tok.causal else "hf", str(tok.path)
     if isinstance(tok, Tokenizer):
         return "spm", str(tok.path)
     raise TypeError(f"cannot encode with {type(tok).__name__} in worker processes; use one worker")
@@ -87,7 +87,7 @@ def _load_tokenizer(spec: tuple[str, str]) -> AnyTokenizer:
     from minimodel.data.tokenizer import HFTokenizer, Tokenizer
 
     kind, ref = spec
-    return HFTokenizer(ref) if kind == "hf" else Tokenizer(ref)
+    return HFTokenizer(ref, causal=kind == "hf-causal") if kind.startswith("hf") else Tokenizer(ref)
 
 
 def encode_chunk(chunk: RawChunk, first_line: int, tok: AnyTokenizer, out_dir: Path) -> tuple[dict, Undecodable]:

@@ -98,13 +98,15 @@ class BlockDataset(Dataset):
     (a ``range``: its memory, like the order's, does not grow with the number of blocks)."""
 
     def __init__(self, stream: TokenStream, blocks: range, seq_len: int, mask_prob: float,
-                 vocab_size: int, seed: int, shuffle: bool, specials: SpecialTokens = SENTENCEPIECE_SPECIALS) -> None:
+                 vocab_size: int, seed: int, shuffle: bool, specials: SpecialTokens = SENTENCEPIECE_SPECIALS,
+                 causal: bool = False) -> None:
+        """``causal``: a causal LM's blocks (labels = the next token, -100 at the last position; nothing masked)."""
         if not isinstance(blocks, range):
             raise TypeError(f"blocks must be a range, got {type(blocks).__name__}")
         self.stream, self.blocks, self.seq_len = stream, blocks, seq_len
         self.mask_prob, self.vocab_size, self.seed, self.shuffle = mask_prob, vocab_size, seed, shuffle
-        self.bos = specials.bos
-        self.masker = Masker(vocab_size, mask_prob, specials)
+        self.bos, self.causal = specials.bos, causal
+        self.masker = None if causal else Masker(vocab_size, mask_prob, specials)
         self._order: FeistelPermutation | None = None  # the current data epoch's permutation (a few round keys)
         self._order_epoch = -1
 
@@ -128,6 +130,9 @@ class BlockDataset(Dataset):
 
     def __getitem__(self, g: int) -> dict[str, torch.Tensor]:
         tokens = self.block(self.block_at(g))
+        if self.masker is None:  # causal: position t predicts token t + 1
+            labels = np.concatenate([tokens[1:], [IGNORE_INDEX]]).astype(tokens.dtype)
+            return {"input_ids": torch.from_numpy(tokens), "labels": torch.from_numpy(labels)}
         inputs, labels = self.masker(tokens, np.random.default_rng([self.seed, 1 + int(self.shuffle), g]))
         return {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
 
@@ -159,8 +164,9 @@ class MLMDataModule(L.LightningDataModule):
     def __init__(self, shard_dir: str | Path, seq_len: int, mask_prob: float, vocab_size: int,
                  micro_batch: int, global_batch: int, val_blocks: int, num_workers: int = 2, seed: int = 1,
                  specials: SpecialTokens = SENTENCEPIECE_SPECIALS, tokenizer_sha256: str = "",
-                 train_fraction: float = 1.0) -> None:
+                 train_fraction: float = 1.0, causal: bool = False) -> None:
         super().__init__()
+        self.causal = causal  # a causal LM's blocks (``BlockDataset``)
         self.train_fraction = train_fraction  # train on the first share of the training blocks only
         self.shard_dir = Path(shard_dir)
         self.specials, self.tokenizer_sha256 = specials, tokenizer_sha256
@@ -186,7 +192,7 @@ class MLMDataModule(L.LightningDataModule):
         check_blocks(self.shard_dir, n_blocks, self.val_blocks, self.seq_len)
         blocks = range(n_blocks)  # a range, not an array: O(1) memory in every worker
         common = dict(stream=stream, seq_len=self.seq_len, mask_prob=self.mask_prob,
-                      vocab_size=self.vocab_size, seed=self.seed, specials=self.specials)
+                      vocab_size=self.vocab_size, seed=self.seed, specials=self.specials, causal=self.causal)
         train = train_blocks(n_blocks, self.val_blocks, self.train_fraction)
         self.train_set = BlockDataset(blocks=train, shuffle=True, **common)
         self.val_set = BlockDataset(blocks=blocks[n_blocks - self.val_blocks:], shuffle=False, **common)
@@ -232,10 +238,12 @@ class MLMDataModule(L.LightningDataModule):
 def mlm_datamodule(cfg: ExperimentConfig, lang: str, optim: OptimConfig, seed: int, tok: AnyTokenizer,
                    train_fraction: float = 1.0) -> MLMDataModule:
     """The MLM data of ``lang`` as the experiment prepared it, encoded by ``tok`` (training on the first
-    ``train_fraction`` of its training blocks)."""
+    ``train_fraction`` of its training blocks); a causal LM's (``families.causal``) labels are the next tokens."""
     from minimodel.data.prepare import prepared_paths
+    from minimodel.families import causal
 
     d = cfg.data
     return MLMDataModule(prepared_paths(cfg, lang).shards, d.seq_len, d.mask_prob, tok.vocab_size,
                          optim.micro_batch, optim.global_batch, d.val_blocks, d.num_workers, seed,
-                         specials=tok.specials, tokenizer_sha256=tok.sha256, train_fraction=train_fraction)
+                         specials=tok.specials, tokenizer_sha256=tok.sha256, train_fraction=train_fraction,
+                         causal=causal(cfg.model))

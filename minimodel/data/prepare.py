@@ -22,6 +22,7 @@ from minimodel.data.spm_sample import SAMPLE_FILE
 from minimodel.data.spm_training import train_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError
 from minimodel.errors import UserError
+from minimodel.families import causal
 from minimodel.layout import Prepared, prepared
 from minimodel.locks import exclusive
 from minimodel.log import get_logger
@@ -65,7 +66,7 @@ def is_prepared(cfg: ExperimentConfig, lang: str) -> bool:
 def load_prepared_tokenizer(cfg: ExperimentConfig, lang: str) -> AnyTokenizer:
     """The tokenizer ``prepare`` used for ``lang`` (clear error when it has not run)."""
     paths = prepared_paths(cfg, lang)
-    return HFTokenizer(paths.tokenizer) if paths.hf else Tokenizer(paths.tokenizer)
+    return HFTokenizer(paths.tokenizer, causal(cfg.model)) if paths.hf else Tokenizer(paths.tokenizer)
 
 
 def prepare_language(cfg: ExperimentConfig, lang: str, progress: bool = True,
@@ -95,7 +96,7 @@ def _prepare(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path, pr
     workers = workers_for(d.encode_threads)
     tok: Tokenizer | HFTokenizer | None
     if paths.hf:
-        tok = HFTokenizer(paths.tokenizer)
+        tok = HFTokenizer(paths.tokenizer, causal(cfg.model))
         log.info(f"prepare {lang}: Hugging Face tokenizer {paths.tokenizer} ({tok.vocab_size} pieces, "
                  f"{tok.convention} pieces, <mask> = {tok.specials.mask})")
     elif Path(paths.tokenizer).exists():

@@ -175,8 +175,12 @@ class HFTokenizer:
     tokens; not its truncation or padding settings, which encoding here ignores), so the same
     tokenizer has the same identity wherever it was loaded from."""
 
-    def __init__(self, ref: str) -> None:
-        self.path = ref
+    def __init__(self, ref: str, causal: bool = False) -> None:
+        """``causal``: the tokenizer of a causal LM (GPT-2, Llama), which may lack <pad>, <unk> and <mask>: padding
+        is then its end-of-sequence token (what the model's ``pad_id`` must be), <unk> and <mask> (which nothing
+        inserts into a causal LM's blocks) the end-of-sequence token too, and a missing <s> the end-of-sequence
+        token (GPT-2's ``<|endoftext|>`` is both)."""
+        self.path, self.causal = ref, causal
         # encoding runs on all cores; forked DataLoader workers never tokenize, so keep it on after a fork
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
         try:
@@ -200,6 +204,8 @@ class HFTokenizer:
         ids = {}
         for role in ("bos", "pad", "eos", "unk", "mask"):
             value = getattr(self.hf, f"{role}_token_id")
+            if value is None and causal and role != "eos":
+                value = self.hf.eos_token_id
             if value is None:
                 raise TokenizerError(f"{ref}: the tokenizer has no {role} token; a RoBERTa-style MLM tokenizer "
                                      f"defines <s> <pad> </s> <unk> <mask>")

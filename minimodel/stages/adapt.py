@@ -24,6 +24,7 @@ from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_prepared_tokenizer, load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError
+from minimodel.families import predicted_share
 from minimodel.flops import FlopSchedule, adapt_flops, v100_days
 from minimodel.layout import (
     ADAPT_INFO,
@@ -94,7 +95,8 @@ def phase_at(phases: list[tuple[Phase, str]], step: int) -> tuple[Phase, str]:
 
 def init_target_embeddings(body: RobertaMLM, source_tok: AnyTokenizer, target_tok: AnyTokenizer,
                            seed: int, head: str = PRIMARY) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Overlap initialisation (paper, footnote 1) of embeddings and output bias; returns the overlap count.
+    """Overlap initialisation (paper, footnote 1) of embeddings and output bias (zeros where the heads have none);
+    returns the overlap count.
 
     Pieces are compared in SentencePiece spelling, so a byte-level BPE source vocabulary (RoBERTa's
     "Ġthe") overlaps with a SentencePiece target ("▁the") as the same piece would."""
@@ -103,8 +105,22 @@ def init_target_embeddings(body: RobertaMLM, source_tok: AnyTokenizer, target_to
     weight, rows = overlap_init(body.embeddings.tokens.weight, src_pieces, trg_pieces, body.cfg.init_std, gen)
     copied = rows >= 0
     bias = torch.zeros(target_tok.vocab_size)
-    bias[copied] = body.heads[head].bias.detach()[rows[copied]].to(bias.dtype)
+    if getattr(body.heads[head], "bias", None) is not None:
+        bias[copied] = body.heads[head].bias.detach()[rows[copied]].to(bias.dtype)
     return weight, bias, int(copied.sum())
+
+
+def init_output(body: RobertaMLM, source_tok: AnyTokenizer, target_tok: AnyTokenizer, seed: int,
+                head: str = PRIMARY) -> torch.Tensor | None:
+    """The target output projection of a model whose heads do not project with the embeddings
+    (``model.tie_embeddings: false``): the overlap initialisation of the source output matrix (its own random draws,
+    seed + 1); None for a tied model, whose output projection is the embeddings."""
+    if body.cfg.tie_embeddings:
+        return None
+    gen = torch.Generator().manual_seed(seed + 1)
+    weight, _ = overlap_init(body.heads[head].decoder.weight, source_tok.surface_pieces(),
+                             target_tok.surface_pieces(), body.cfg.init_std, gen)
+    return weight
 
 
 @dataclass
@@ -123,6 +139,7 @@ class Initial:
     bias: torch.Tensor
     overlap: int  # target pieces that copy a source embedding
     info: dict  # how they were made, for adapt_info.json and done.json (``init``)
+    output: torch.Tensor | None = None  # the output projection of an untied model (``init_output``)
 
 
 def overlap_initial(cfg: ExperimentConfig, x: Inputs, head: str) -> Initial:
@@ -144,7 +161,9 @@ def focus_initial(cfg: ExperimentConfig, x: Inputs, head: str) -> Initial:
 
     f, lang = cfg.adapt.focus, cfg.lang
     aux = aux_embeddings(cfg, lang, x.target_tok, AuxSettings(f.dim, f.epochs, f.min_count, f.threads))
-    r = focus_init(x.body.embeddings.tokens.weight, x.body.heads[head].bias, x.source_tok.surface_pieces(),
+    src = x.body.embeddings.tokens.weight
+    src_bias = getattr(x.body.heads[head], "bias", None)  # a causal LM's heads have none: zeros mixed
+    r = focus_init(src, src_bias if src_bias is not None else torch.zeros(src.shape[0]), x.source_tok.surface_pieces(),
                    x.target_tok.surface_pieces(), torch.from_numpy(aux.for_vocabulary(x.target_tok)),
                    x.body.cfg.init_std, torch.Generator().manual_seed(cfg.adapt.trainer.seed), f.top_k)
     fasttext = {k: aux.record[k] for k in ("key", "tokens", "tokens_sha256", "fasttext", "train_seconds",
@@ -186,8 +205,10 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         body, vocab = x.body, x.target_tok.vocab_size
         phases = phase_heads(cfg)
         initial = INITS[a.init](cfg, x, phases[0][1])  # the output bias from the first phase's head
+        if initial.output is None:  # an untied output projection starts as the overlap initialisation
+            initial.output = init_output(body, x.source_tok, x.target_tok, a.trainer.seed, phases[0][1])
         overlap = initial.overlap
-        swap_embeddings(body, initial.weight, initial.bias)
+        swap_embeddings(body, initial.weight, initial.bias, initial.output)
         tie_biases(body)
         n_train = freeze_all_but(body, adaptation_trainable)
         if process_rank() == 0:
@@ -199,7 +220,7 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         log.info(f"adapt {cfg.system} to {cfg.lang}: {overlap:,} of {vocab:,} pieces overlap with {cfg.source_lang}; "
                  f"{shape if cfg.adapt.schedule else f'{body.cfg.layers}-layer body'}; {n_train:,} trainable parameters")
         flops = FlopSchedule([(p.start, p.end, adapt_flops(p.depth, body.cfg.hidden, cfg.data.seq_len, vocab,
-                                                            cfg.data.mask_prob, a.optim.global_batch, 1))
+                                                            predicted_share(cfg), a.optim.global_batch, 1))
                               for p, _ in phases])
         tokenizer = {"path": str(x.target_tok.path), "sha256": x.target_tok.sha256, "vocab_size": vocab}
         meta = TrainingMeta(stage="adapt", system=cfg.system, lang=cfg.lang, model_config=asdict(body.cfg),

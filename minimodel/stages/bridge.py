@@ -13,6 +13,8 @@ from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError
+from minimodel.families import DEFAULT as DEFAULT_FAMILY
+from minimodel.families import hf_module, predicted_share
 from minimodel.flops import bridge_flops
 from minimodel.layout import is_done
 from minimodel.log import get_logger
@@ -26,17 +28,16 @@ from minimodel.training.runner import Runner, Stage, StageResult, Training
 log = get_logger(__name__)
 
 
-def load_primary(source: str) -> tuple[RobertaMLM, dict]:
+def load_primary(source: str, family: str = DEFAULT_FAMILY) -> tuple[RobertaMLM, dict]:
     """A training checkpoint file (without its secondary heads) and the tokenizer record stored with it, or a
-    Hugging Face model directory / hub id (whose tokenizer is its own: an empty record)."""
+    Hugging Face model directory / hub id of the model family ``family`` (``model.family``; read by that family's
+    ``from_hf``), whose tokenizer is its own: an empty record."""
     path = Path(source)
     if path.is_file():
         model, meta = load_trained_model(path)
         return primary_only(model), meta.tokenizer
     if is_hf_source(source):
-        from minimodel.hf import from_hf
-
-        return from_hf(source), {}
+        return hf_module(family).from_hf(source), {}
     raise CheckpointError(f"bridge source {source} not found (pretrain BL_BASE first, or set bridge.source)")
 
 
@@ -49,7 +50,7 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         if r.pretrain is not None and not is_done(r.pretrain):
             raise CheckpointError(f"the bridge needs a finished primary model: {r.pretrain} is not complete "
                                   f"(pretrain it first, or set bridge.source)")
-        primary, trained_with = load_primary(r.primary)
+        primary, trained_with = load_primary(r.primary, cfg.model.family)
         return primary, load_source_tokenizer(cfg, primary, f"bridge.source={r.primary}", trained_with)
 
     def build(inputs: tuple[RobertaMLM, AnyTokenizer]) -> Training:
@@ -58,7 +59,7 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         n_train = trainable_parameters(mini)
         log.info(f"MiniPost mini-model: {b.depth} copied + {b.layers} new layers; {n_train:,} trainable parameters")
         flops = bridge_flops(mini.cfg.layers, mini.cfg.hidden, cfg.data.seq_len, mini.cfg.vocab_size,
-                             cfg.data.mask_prob, b.optim.global_batch, 1, trainable_layers=b.layers)
+                             predicted_share(cfg), b.optim.global_batch, 1, trainable_layers=b.layers)
         meta = TrainingMeta(stage="bridge", system=cfg.system, lang=cfg.source_lang, model_config=asdict(mini.cfg),
                             tokenizer={"path": str(tok.path), "sha256": tok.sha256},
                             extra={"primary": r.primary, "depth": b.depth, "bridge_layers": b.layers,

@@ -28,6 +28,7 @@ from minimodel.data.task_files import has_split
 from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError, TaskDataError
+from minimodel.families import of as family_of
 from minimodel.layout import (
     adaptation_checkpoints,
     checkpoint_step,
@@ -45,6 +46,7 @@ from minimodel.provenance import (
     stale_rows,
 )
 from minimodel.results import KEY, ResultsTable
+from minimodel.stages.perplexity import Perplexity
 from minimodel.surgery import PlugError, plug_embeddings
 from minimodel.systems import Runs, of, runs
 from minimodel.training.device import cuda_in_use
@@ -290,6 +292,7 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
     bar = tqdm(total=len(mine), desc="evaluate", disable=not bar_wanted(progress), dynamic_ncols=True, mininterval=0.5)
     loaded: tuple[str, int] | None = None
     body = head = data = None
+    perplexity = Perplexity(cfg, r, device) if family_of(cfg.model).perplexity else None
     written, last_line = 0, started
     for task, seed, lang, path in mine:
         if stop.signal:
@@ -326,6 +329,8 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
         body.to(device)
         predictions = predict(body, head, features, cfg.finetune.eval_batch, device)
         scores = score(data, records, features, predictions, lang)
+        if perplexity is not None:  # a causal LM's second metric, once per checkpoint (stages/perplexity.py)
+            scores["perplexity"] = perplexity(path, adapted, lang, tok)
         if keep == "all" or (keep == "final" and path in finals):
             save_predictions(r.layout.predictions(r.label, task, lang, seed, int(adapted.step), cfg.evaluate.split),
                              prediction_rows(data, records, features, predictions))

@@ -34,6 +34,7 @@ from minimodel.data.task_features import pad_collate
 from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import PAD, AnyTokenizer
 from minimodel.errors import ConfigError, TaskDataError
+from minimodel.families import of as family_of
 from minimodel.layout import finetuned_model, is_done, read_done
 from minimodel.log import get_logger
 from minimodel.model import RobertaMLM
@@ -115,7 +116,7 @@ class FinetuneModule(L.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes=max(2, num_labels), average="micro") if not qa else None
 
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        out = self.head(self.body.encode(batch["input_ids"], padded=batch.get("padded")))
+        out = self.head(self.body.encode(batch["input_ids"], padded=batch.get("padded")), batch.get("attention_mask"))
         if self.qa:
             start, end = out
             return (F.cross_entropy(start.float(), batch["start_positions"])
@@ -165,7 +166,7 @@ def finetune_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str, dict]:
     if external_primary(cfg):
         from minimodel.stages.bridge import load_primary
 
-        model, trained_with = load_primary(r.primary)
+        model, trained_with = load_primary(r.primary, cfg.model.family)
         return model, r.primary, trained_with
     path = Path(r.primary)
     if not path.exists():
@@ -235,7 +236,7 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
         steps_per_epoch = max(1, optim.updates // max(1, math.ceil(cfg.finetune.epochs)))
         t = replace(cfg.finetune.trainer, val_every=min(cfg.finetune.trainer.val_every, steps_per_epoch))
         n_train = freeze_all_but(body, finetune_trainable)
-        head = task_head(data, body.cfg.hidden, body.cfg.dropout)
+        head = task_head(data, body.cfg.hidden, body.cfg.dropout, family_of(body.cfg).pooling)
         meta = {"system": cfg.system, "task": task, "seed": seed, "body": cfg.body, "source": source,
                 "model_config": asdict(body.cfg), "labels": list(data.labels), "qa": data.is_qa,
                 "tokenizer": {"path": str(tok.path), "sha256": tok.sha256}, "train_sha256": data.train_sha256()}

@@ -12,8 +12,9 @@ from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError
+from minimodel.families import build as build_model
+from minimodel.families import predicted_share
 from minimodel.flops import pretrain_flops
-from minimodel.model import RobertaMLM
 from minimodel.systems import external_primary, of, runs
 from minimodel.training.mlm import MLMModule
 from minimodel.training.runner import Runner, Stage, StageResult, Training
@@ -28,9 +29,9 @@ def run_pretrain(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResul
     p, t = cfg.pretrain.optim, cfg.pretrain.trainer
 
     def build(tok: AnyTokenizer) -> Training:
-        model = RobertaMLM(cfg.model)
+        model = build_model(cfg.model)
         flops = pretrain_flops(cfg.model.layers, cfg.model.hidden, cfg.data.seq_len, cfg.model.vocab_size,
-                               cfg.data.mask_prob, p.global_batch, 1, extra_heads=len(cfg.model.mini_heads))
+                               predicted_share(cfg), p.global_batch, 1, extra_heads=len(cfg.model.mini_heads))
         meta = TrainingMeta(stage="pretrain", system=cfg.system, lang=cfg.source_lang, model_config=asdict(cfg.model),
                             tokenizer={"path": str(tok.path), "sha256": tok.sha256})
         module = MLMModule(model, p, meta, flops, weights=cfg.pretrain.head_weights or None,

@@ -45,7 +45,7 @@ class MLMValidation(nn.Module):
         self.loss = nn.ModuleDict({h: MeanMetric() for h in heads})
 
     def update(self, model: RobertaMLM, batch: dict[str, torch.Tensor]) -> None:
-        losses = model.mlm_losses(batch["input_ids"], batch["labels"], self.heads)
+        losses = model.lm_losses(batch["input_ids"], batch["labels"], self.heads)
         n = batch["labels"].ne(IGNORE_INDEX).sum()
         for h, v in losses.items():
             self.loss[h].update(v, n)
@@ -125,9 +125,9 @@ class MLMModule(L.LightningModule):
         """The training loss (the weighted sum over heads, or the phase's head) and each head's loss."""
         if self.phase_head is not None:
             head = self.phase_head(self.global_step)
-            losses = self.model.mlm_losses(batch["input_ids"], batch["labels"], [head])
+            losses = self.model.lm_losses(batch["input_ids"], batch["labels"], [head])
             return losses[head], losses
-        losses = self.model.mlm_losses(batch["input_ids"], batch["labels"])
+        losses = self.model.lm_losses(batch["input_ids"], batch["labels"])
         loss = sum((self.weights[h] * v for h, v in losses.items()), torch.zeros((), device=batch["input_ids"].device))
         return loss, losses
 

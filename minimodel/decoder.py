@@ -1,0 +1,193 @@
+"""A decoder-only causal LM with LM heads at chosen depths (``model.family: decoder``).
+
+One file, no Lightning, no files, no languages; the same contract as ``model.RobertaMLM`` (``embeddings.tokens``,
+``layers``, ``heads`` named ``primary`` / ``l{N}``, ``tie_weights``, ``hidden_states``, ``encode``, ``lm_losses``), so
+surgery, stages and evaluation work on it unchanged. The architecture covers GPT-2 and Llama:
+
+* pre-norm blocks (``model.norm``: LayerNorm, or RMSNorm), causal attention through
+  ``scaled_dot_product_attention(is_causal=True)``, positions learned (``model.positions: learned``, GPT-2) or rotary
+  (``rotary``, Llama's ``rotate_half`` layout), an FFN with GELU, GPT-2's tanh GELU or SwiGLU (``model.activation``),
+  biases or none (``model.bias``);
+* an LM head after layer N (``model.mini_heads``) is the final norm of its own and the output projection, so running
+  it computes only layers 1..N; the output projection is the token embeddings (``model.tie_embeddings: true``) or
+  one matrix of its own shared by every head (false: it lives in ``heads.primary.decoder``); no output bias.
+
+Padding: task batches are right-padded (``data.task_features.pad_collate``), so under the causal mask a real token
+only ever attends to earlier real tokens and no padding mask is needed; the outputs at padded positions are never
+read (the classification head reads the last real token, the LM loss only labelled positions)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from minimodel.config.schema import PRIMARY, ModelConfig
+from minimodel.model import head_losses
+
+
+def norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.hidden, eps=cfg.layer_norm_eps)
+    return nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps, bias=cfg.bias)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Rotary(nn.Module):
+    """Rotary position embeddings (Su et al., 2021) in the layout of Hugging Face's Llama (halves, not pairs)."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """q, k: (B, H, T, D), positions 0..T-1."""
+        t = torch.arange(q.shape[-2], device=q.device, dtype=torch.float32)
+        freqs = torch.outer(t, self.inv_freq.to(q.device))  # (T, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.positions = nn.Embedding(cfg.max_positions, cfg.hidden) if cfg.positions == "learned" else None
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        x = self.tokens(input_ids)  # (B, T, C)
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(input_ids.shape[1], device=input_ids.device))
+        return self.dropout(x)
+
+
+class Layer(nn.Module):
+    """Pre-norm causal transformer block."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.attn_dropout = cfg.heads, cfg.head_dim, cfg.attn_dropout
+        self.activation = cfg.activation
+        self.attn_norm = norm(cfg)
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=cfg.bias)
+        self.attn_out = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
+        self.ffn_norm = norm(cfg)
+        gated = cfg.activation == "swiglu"
+        self.ffn_in = nn.Linear(cfg.hidden, (2 if gated else 1) * cfg.ffn, bias=cfg.bias)  # swiglu: [gate; up]
+        self.ffn_out = nn.Linear(cfg.ffn, cfg.hidden, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta) if cfg.positions == "rotary" else None
+
+    def ffn(self, x: Tensor) -> Tensor:
+        h = self.ffn_in(x)
+        if self.activation == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            return self.ffn_out(F.silu(gate) * up)
+        return self.ffn_out(F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none"))
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.rotary is not None:
+            q, k = self.rotary(q, k)
+        p = self.attn_dropout if self.training else 0.0
+        a = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, D)
+        x = x + self.dropout(self.attn_out(a.transpose(1, 2).reshape(B, T, C)))
+        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+
+
+class LMHead(nn.Module):
+    """The final norm of a head's depth, then the projection to the vocabulary (no bias)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.norm = norm(cfg)
+        self.decoder = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)  # tied: see DecoderLM.tie_weights
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.decoder(self.norm(x))  # (..., V)
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = Embeddings(cfg)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
+        self.heads = nn.ModuleDict({name: LMHead(cfg) for name in cfg.head_names})
+        self.apply(self._init_weights)
+        for layer in self.layers:  # GPT-2: residual projections scaled by 1/sqrt(2 x layers)
+            for proj in (layer.attn_out, layer.ffn_out):
+                nn.init.normal_(proj.weight, mean=0.0, std=cfg.init_std / (2 * cfg.layers) ** 0.5)
+        self.tie_weights()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.cfg.init_std
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+            nn.init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def tie_weights(self) -> None:
+        """The one place where the heads' output projections are tied: to the token embeddings
+        (``tie_embeddings``), else to the primary head's own matrix (one output projection for every head)."""
+        shared = self.embeddings.tokens.weight if self.cfg.tie_embeddings else self.heads[PRIMARY].decoder.weight
+        for head in self.heads.values():
+            head.decoder.weight = shared
+
+    @property
+    def token_embeddings(self) -> nn.Embedding:
+        return self.embeddings.tokens
+
+    def hidden_states(self, input_ids: Tensor, depths: Sequence[int] | None = None,
+                      padded: bool | None = None) -> dict[int, Tensor]:
+        """Hidden states after each layer in ``depths`` (default: the last layer); layers above ``max(depths)`` are not
+        computed; depth 0 is the embedding output. ``padded`` is accepted for the contract and not needed: batches
+        are right-padded (module docstring)."""
+        wanted = sorted(set(depths)) if depths is not None else [self.cfg.layers]
+        if not wanted or wanted[0] < 0 or wanted[-1] > self.cfg.layers:
+            raise ValueError(f"depths must lie in 0..{self.cfg.layers}, got {list(depths or [])}")
+        x = self.embeddings(input_ids)  # (B, T, C)
+        out: dict[int, Tensor] = {0: x} if wanted[0] == 0 else {}
+        for i, layer in enumerate(self.layers[: wanted[-1]], start=1):
+            x = layer(x)
+            if i in wanted:
+                out[i] = x
+        return out
+
+    def encode(self, input_ids: Tensor, padded: bool | None = None) -> Tensor:
+        """Last-layer hidden states (B, T, C) after the primary head's final norm (Hugging Face's
+        ``last_hidden_state``): what a task head reads."""
+        return self.heads[PRIMARY].norm(self.hidden_states(input_ids, padded=padded)[self.cfg.layers])
+
+    def logits(self, input_ids: Tensor, head: str = PRIMARY) -> Tensor:
+        """Next-token logits of one head at every position (B, T, V)."""
+        depth = self.cfg.head_depth(head)
+        return self.heads[head](self.hidden_states(input_ids, [depth])[depth])
+
+    mlm_logits = logits  # the contract's name (no masked positions here)
+
+    def lm_losses(self, input_ids: Tensor, labels: Tensor, heads: Sequence[str] | None = None) -> dict[str, Tensor]:
+        """Mean next-token cross-entropy of each head asked for; ``labels`` are the inputs shifted left by one
+        (-100 at the last position: ``data.mlm`` makes them so), so position t is scored on token t+1."""
+        return head_losses(self, input_ids, labels, heads)
+
+    mlm_losses = lm_losses
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        """Unique parameters (a tied projection counts once)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)

@@ -1,0 +1,128 @@
+"""The model families, declared once. This is the only module that knows family names (``model.family``), as
+``systems.py`` is for systems.
+
+A family says which model class implements it (imported only when a stage builds a model: this module does not
+import torch), what its LM heads learn (``Objective``: masked positions, or the next token at every position), how
+many positions a sequence cannot use, where a classification head reads a sequence, whether its LM heads add an
+output bias, which architecture options it accepts, and where its Hugging Face conversion lives. Stages, surgery,
+the data module, FLOP counts and evaluation ask this module, never ``cfg.model.family``.
+
+Adding a family: one ``ModelFamily(...)`` entry in ``REGISTRY`` plus the model file, which implements the contract
+of ``RobertaMLM`` (docs/architecture.md, "How to add a model family")."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from minimodel.config.schema import ExperimentConfig, ModelConfig
+from minimodel.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+class Objective(Enum):
+    """What the LM heads of a family learn in steps 1, 1b and 2."""
+
+    MASKED = "masked"  # BERT masking of data.mask_prob of the tokens; the loss at the masked positions
+    CAUSAL = "causal"  # labels = the next token; every position but the last predicts
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str  # the value of model.family
+    title: str
+    model: str  # "module:Class", imported when a model is built (torch)
+    objective: Objective
+    position_offset: int  # positions a sequence cannot use: 2 for RoBERTa (max_positions = seq_len + 2), 0
+    pooling: str  # where ClassificationHead reads a sequence: "first" (<s>) | "last" (the last real token)
+    output_bias: bool  # the LM heads add a bias (trained in step 2 with the embeddings)
+    # the architecture options it accepts: model.{norm, positions, activation} values, and whether model.bias and
+    # model.tie_embeddings may be false
+    norms: tuple[str, ...] = ("layernorm",)
+    positions: tuple[str, ...] = ("learned",)
+    activations: tuple[str, ...] = ("gelu",)
+    untied: bool = False
+    unbiased: bool = False
+    hf: str = ""  # the module of its Hugging Face import (``from_hf``) and export (``to_hf``); "" = none
+
+    @property
+    def perplexity(self) -> bool:
+        """Evaluation reports the target-language perplexity of every adaptation checkpoint (a causal LM's)."""
+        return self.objective is Objective.CAUSAL
+
+
+REGISTRY: dict[str, ModelFamily] = {f.name: f for f in (
+    ModelFamily("encoder", "RoBERTa (masked LM)", "minimodel.model:RobertaMLM", Objective.MASKED,
+                position_offset=2, pooling="first", output_bias=True, hf="minimodel.hf"),
+    ModelFamily("decoder", "decoder-only (causal LM)", "minimodel.decoder:DecoderLM", Objective.CAUSAL,
+                position_offset=0, pooling="last", output_bias=False, norms=("layernorm", "rmsnorm"),
+                positions=("learned", "rotary"), activations=("gelu", "gelu_tanh", "swiglu"), untied=True,
+                unbiased=True, hf="minimodel.hf_decoder"),
+)}
+DEFAULT = "encoder"
+
+
+def get(name: str) -> ModelFamily:
+    if name not in REGISTRY:
+        raise ConfigError(f"unknown model.family {name!r}; valid families: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def of(model_cfg: ModelConfig) -> ModelFamily:
+    return get(model_cfg.family)
+
+
+def build(model_cfg: ModelConfig) -> nn.Module:
+    """The one constructor of a model: the family's class, imported here."""
+    module, _, cls = of(model_cfg).model.partition(":")
+    return getattr(importlib.import_module(module), cls)(model_cfg)
+
+
+def hf_module(model_cfg: ModelConfig | str) -> Any:
+    """The family's Hugging Face conversion module (``from_hf``, ``to_hf``); a family name or a model config."""
+    f = get(model_cfg) if isinstance(model_cfg, str) else of(model_cfg)
+    if not f.hf:
+        raise ConfigError(f"model.family={f.name} has no Hugging Face conversion")
+    return importlib.import_module(f.hf)
+
+
+def predicted_share(cfg: ExperimentConfig) -> float:
+    """The share of positions that reach the LM head (p in the FLOP formulas): data.mask_prob, or 1 (causal)."""
+    return cfg.data.mask_prob if of(cfg.model).objective is Objective.MASKED else 1.0
+
+
+def causal(model_cfg: ModelConfig) -> bool:
+    return of(model_cfg).objective is Objective.CAUSAL
+
+
+def check_model(cfg: ExperimentConfig, fail: Any) -> None:
+    """The family's checks of a loaded config (``config.checks.validate`` runs them): a known family, options it
+    accepts, and positions for data.seq_len."""
+    m = cfg.model
+    if m.family not in REGISTRY:
+        fail(f"model.family must be one of {', '.join(REGISTRY)}, got {m.family!r}")
+    f = of(m)
+    for key, allowed in (("norm", f.norms), ("positions", f.positions), ("activation", f.activations)):
+        if getattr(m, key) not in allowed:
+            fail(f"model.{key}={getattr(m, key)!r} is not an option of model.family={f.name} "
+                 f"({', '.join(allowed)})")
+    if not m.tie_embeddings and not f.untied:
+        fail(f"model.tie_embeddings=false: model.family={f.name} ties its output projection to the embeddings")
+    if not m.bias and not f.unbiased:
+        fail(f"model.bias=false: model.family={f.name} has biases")
+    need = cfg.data.seq_len + f.position_offset
+    if m.positions == "learned" and m.max_positions < need:
+        extra = f" + {f.position_offset}" if f.position_offset else ""
+        fail(f"model.max_positions ({m.max_positions}) must be at least data.seq_len{extra} ({need})")
+    if f.objective is Objective.CAUSAL and cfg.adapt.init == "focus" and not m.tie_embeddings:
+        fail("adapt.init=focus mixes the input embeddings only: use it with model.tie_embeddings=true")
+
+
+def max_tokens(model_cfg: ModelConfig) -> int:
+    """The longest input the model reads: its learned positions less the family's offset (rotary: unbounded; the
+    positions setting still bounds it, as a model trained on short blocks was never shown longer ones)."""
+    return model_cfg.max_positions - of(model_cfg).position_offset

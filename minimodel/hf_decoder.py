@@ -1,0 +1,240 @@
+"""Conversion between ``DecoderLM`` (``model.family: decoder``) and Hugging Face ``GPT2LMHeadModel`` /
+``LlamaForCausalLM``; the decoder family's ``hf`` module (``families.hf_module``).
+
+Needs ``transformers`` (``pip install minimodel[hf]``); it is imported only inside the functions. ``from_hf`` reads a
+local directory or a hub id, exactly as ``hf.from_hf`` does for RoBERTa (safetensors first; a pickled
+``pytorch_model.bin`` only as plain data).
+
+GPT-2 (``model_type: gpt2``) -> ``norm: layernorm, positions: learned, activation: gelu_tanh`` (``gelu_new``;
+``gelu`` too), biases, tied embeddings. Weights (``T.`` = ``transformer.``, ``H.`` = ``T.h.{i}.``; GPT-2's ``Conv1D``
+stores (in, out), so every matrix is transposed)::
+
+    T.wte / T.wpe                      -> embeddings.tokens / embeddings.positions
+    H.ln_1 / H.ln_2                    -> layers.{i}.attn_norm / ffn_norm
+    H.attn.c_attn / H.attn.c_proj      -> layers.{i}.qkv / attn_out
+    H.mlp.c_fc / H.mlp.c_proj          -> layers.{i}.ffn_in / ffn_out
+    T.ln_f                             -> heads.primary.norm
+    lm_head                            -> tied to embeddings.tokens
+
+Llama (``model_type: llama``) -> ``norm: rmsnorm, positions: rotary, activation: swiglu, bias: false``, tied or
+untied (``tie_word_embeddings``). Only plain Llama: as many key/value heads as heads, ``head_dim = hidden / heads``,
+no rope scaling, no attention or MLP biases (``M.`` = ``model.layers.{i}.``)::
+
+    model.embed_tokens                 -> embeddings.tokens
+    M.input_layernorm / M.post_attention_layernorm -> layers.{i}.attn_norm / ffn_norm
+    M.self_attn.{q,k,v}_proj           -> layers.{i}.qkv (concatenated)
+    M.self_attn.o_proj                 -> layers.{i}.attn_out
+    M.mlp.{gate,up}_proj / M.mlp.down_proj -> layers.{i}.ffn_in ([gate; up]) / ffn_out
+    model.norm                         -> heads.primary.norm
+    lm_head                            -> heads.primary.decoder (untied), or tied to embeddings.tokens
+
+Padding: neither model has a padding token; ``pad_id`` is ``pad_token_id`` where the config sets one, else the
+end-of-sequence id (the tokenizer side does the same: ``HFTokenizer(causal=True)``). Secondary heads are not exported.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from minimodel.config.schema import PRIMARY, ModelConfig
+from minimodel.decoder import DecoderLM
+from minimodel.hf import _not_plain_data, _transformers, _weights
+
+GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+
+
+def _first(value: Any) -> int | None:
+    if isinstance(value, (list, tuple)):
+        return int(value[0]) if value else None
+    return None if value is None else int(value)
+
+
+def _pad(hf_config: Any) -> int:
+    pad = _first(getattr(hf_config, "pad_token_id", None))
+    pad = pad if pad is not None else _first(getattr(hf_config, "eos_token_id", None))
+    return 0 if pad is None else pad
+
+
+def _rope_theta(hf_config: Any) -> float:
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10_000.0)))
+
+
+def hf_config_to_model_config(hf_config: Any, source: str = "hf config") -> ModelConfig:
+    """Our ``ModelConfig`` (family decoder) of a ``GPT2Config`` or ``LlamaConfig``; ValueError naming ``source`` and the
+    field for anything else."""
+    kind = getattr(hf_config, "model_type", None)
+
+    def refuse(name: str, value: object, allowed: object) -> ValueError:
+        return ValueError(f"{source}: unsupported {name}={value!r} (minimodel supports {name} {allowed})")
+
+    if kind == "gpt2":
+        act = hf_config.activation_function
+        if act not in GPT2_ACTIVATIONS:
+            raise refuse("activation_function", act, f"in {sorted(GPT2_ACTIVATIONS)}")
+        for name in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
+            if getattr(hf_config, name, False):
+                raise refuse(name, True, "= false")
+        if not getattr(hf_config, "scale_attn_weights", True):
+            raise refuse("scale_attn_weights", False, "= true")
+        return ModelConfig(
+            family="decoder", norm="layernorm", positions="learned", activation=GPT2_ACTIVATIONS[act], bias=True,
+            tie_embeddings=True, vocab_size=int(hf_config.vocab_size), hidden=int(hf_config.n_embd),
+            layers=int(hf_config.n_layer), heads=int(hf_config.n_head),
+            ffn=int(hf_config.n_inner or 4 * hf_config.n_embd), max_positions=int(hf_config.n_positions),
+            dropout=float(hf_config.resid_pdrop), attn_dropout=float(hf_config.attn_pdrop),
+            layer_norm_eps=float(hf_config.layer_norm_epsilon), pad_id=_pad(hf_config),
+            init_std=float(hf_config.initializer_range))
+    if kind == "llama":
+        heads, hidden = int(hf_config.num_attention_heads), int(hf_config.hidden_size)
+        checks = [("hidden_act", hf_config.hidden_act, ("silu",)),
+                  ("num_key_value_heads", int(getattr(hf_config, "num_key_value_heads", None) or heads), (heads,)),
+                  ("head_dim", int(getattr(hf_config, "head_dim", None) or hidden // heads), (hidden // heads,)),
+                  ("attention_bias", bool(getattr(hf_config, "attention_bias", False)), (False,)),
+                  ("mlp_bias", bool(getattr(hf_config, "mlp_bias", False)), (False,))]
+        params = getattr(hf_config, "rope_parameters", None) or {}
+        scaling = params.get("rope_type", "default") if params else (getattr(hf_config, "rope_scaling", None) or "default")
+        checks.append(("rope scaling", scaling, ("default",)))
+        for name, value, allowed in checks:
+            if value not in allowed:
+                raise refuse(name, value, f"in {list(allowed)}")
+        return ModelConfig(
+            family="decoder", norm="rmsnorm", positions="rotary", activation="swiglu", bias=False,
+            tie_embeddings=bool(hf_config.tie_word_embeddings), vocab_size=int(hf_config.vocab_size), hidden=hidden,
+            layers=int(hf_config.num_hidden_layers), heads=heads, ffn=int(hf_config.intermediate_size),
+            max_positions=int(hf_config.max_position_embeddings), dropout=0.0,
+            attn_dropout=float(getattr(hf_config, "attention_dropout", 0.0)),
+            layer_norm_eps=float(hf_config.rms_norm_eps), pad_id=_pad(hf_config),
+            init_std=float(hf_config.initializer_range), rope_theta=_rope_theta(hf_config))
+    raise refuse("model_type", kind, "in ['gpt2', 'llama'] for model.family=decoder")
+
+
+def _gpt2_map(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
+    """Our parameter -> (GPT-2's, transposed)."""
+    m = {"embeddings.tokens.weight": ("transformer.wte.weight", False),
+         "embeddings.positions.weight": ("transformer.wpe.weight", False),
+         f"heads.{PRIMARY}.norm.weight": ("transformer.ln_f.weight", False),
+         f"heads.{PRIMARY}.norm.bias": ("transformer.ln_f.bias", False)}
+    for i in range(cfg.layers):
+        h = f"transformer.h.{i}."
+        for ours, theirs in (("attn_norm", "ln_1"), ("ffn_norm", "ln_2")):
+            for p in ("weight", "bias"):
+                m[f"layers.{i}.{ours}.{p}"] = (f"{h}{theirs}.{p}", False)
+        for ours, theirs in (("qkv", "attn.c_attn"), ("attn_out", "attn.c_proj"), ("ffn_in", "mlp.c_fc"),
+                             ("ffn_out", "mlp.c_proj")):
+            m[f"layers.{i}.{ours}.weight"] = (f"{h}{theirs}.weight", True)
+            m[f"layers.{i}.{ours}.bias"] = (f"{h}{theirs}.bias", False)
+    return m
+
+
+def _llama_map(cfg: ModelConfig) -> dict[str, list[str]]:
+    """Our parameter -> Llama's (several: concatenated on the output dimension)."""
+    m = {"embeddings.tokens.weight": ["model.embed_tokens.weight"], f"heads.{PRIMARY}.norm.weight": ["model.norm.weight"]}
+    if not cfg.tie_embeddings:
+        m[f"heads.{PRIMARY}.decoder.weight"] = ["lm_head.weight"]
+    for i in range(cfg.layers):
+        h = f"model.layers.{i}."
+        m[f"layers.{i}.attn_norm.weight"] = [h + "input_layernorm.weight"]
+        m[f"layers.{i}.ffn_norm.weight"] = [h + "post_attention_layernorm.weight"]
+        m[f"layers.{i}.qkv.weight"] = [f"{h}self_attn.{n}_proj.weight" for n in "qkv"]
+        m[f"layers.{i}.attn_out.weight"] = [h + "self_attn.o_proj.weight"]
+        m[f"layers.{i}.ffn_in.weight"] = [h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"]
+        m[f"layers.{i}.ffn_out.weight"] = [h + "mlp.down_proj.weight"]
+    return m
+
+
+def _is_gpt2(cfg: ModelConfig) -> bool:
+    return cfg.positions == "learned"
+
+
+def hf_state_dict_to_ours(hf_sd: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    get = lambda key: hf_sd[key].detach().to(torch.float32)  # noqa: E731
+    if _is_gpt2(cfg):
+        ours = {mine: get(theirs).t().contiguous() if t else get(theirs) for mine, (theirs, t) in _gpt2_map(cfg).items()}
+    else:
+        ours = {mine: torch.cat([get(k) for k in theirs], dim=0) for mine, theirs in _llama_map(cfg).items()}
+    if cfg.tie_embeddings:
+        ours[f"heads.{PRIMARY}.decoder.weight"] = ours["embeddings.tokens.weight"]
+    return ours
+
+
+def our_state_dict_to_hf(model: DecoderLM) -> dict[str, Tensor]:
+    cfg, sd = model.cfg, {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if _is_gpt2(cfg):
+        hf = {theirs: sd[mine].t().contiguous() if t else sd[mine] for mine, (theirs, t) in _gpt2_map(cfg).items()}
+    else:
+        hf = {}
+        for mine, theirs in _llama_map(cfg).items():
+            hf.update(zip(theirs, sd[mine].chunk(len(theirs), dim=0)))
+    if cfg.tie_embeddings:
+        hf["lm_head.weight"] = sd["embeddings.tokens.weight"]
+    return hf
+
+
+def from_hf(path: str | Path) -> DecoderLM:
+    """Load a HF ``GPT2LMHeadModel`` / ``LlamaForCausalLM`` (local directory or hub id) as ``DecoderLM``; its logits
+    match the HF model's (eval mode) up to float rounding."""
+    tf = _transformers()
+    source = str(path)
+    hf_config = tf.AutoConfig.from_pretrained(source)
+    cfg = hf_config_to_model_config(hf_config, source)
+    cls = tf.GPT2LMHeadModel if _is_gpt2(cfg) else tf.LlamaForCausalLM
+    weights, options = _weights(source)
+    try:
+        hf_model, info = cls.from_pretrained(source, config=hf_config, output_loading_info=True, **options)
+    except pickle.UnpicklingError as e:
+        raise _not_plain_data(weights or f"the weights of {source} (pytorch_model.bin)", e) from e
+    missing = sorted(set(info.get("missing_keys", ())) - ({"lm_head.weight"} if cfg.tie_embeddings else set()))
+    if missing:
+        raise ValueError(f"{source}: checkpoint lacks {missing} (need a complete *ForCausalLM checkpoint)")
+    model = DecoderLM(cfg)
+    model.load_state_dict(hf_state_dict_to_ours(hf_model.state_dict(), cfg), strict=True)
+    model.tie_weights()
+    return model.eval()
+
+
+def hf_config(cfg: ModelConfig, bos: int, eos: int, pad: int) -> Any:
+    """The ``GPT2Config`` / ``LlamaConfig`` of ``cfg``; ValueError for options neither model has."""
+    tf = _transformers()
+    if cfg.positions == "learned" and cfg.norm == "layernorm" and cfg.bias and cfg.tie_embeddings and \
+            cfg.activation in ("gelu_tanh", "gelu"):
+        return tf.GPT2Config(
+            vocab_size=cfg.vocab_size, n_embd=cfg.hidden, n_layer=cfg.layers, n_head=cfg.heads, n_inner=cfg.ffn,
+            n_positions=cfg.max_positions, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout,
+            attn_pdrop=cfg.attn_dropout, layer_norm_epsilon=cfg.layer_norm_eps, initializer_range=cfg.init_std,
+            activation_function="gelu_new" if cfg.activation == "gelu_tanh" else "gelu", bos_token_id=bos,
+            eos_token_id=eos, pad_token_id=pad, tie_word_embeddings=True)
+    if cfg.positions == "rotary" and cfg.norm == "rmsnorm" and not cfg.bias and cfg.activation == "swiglu":
+        return tf.LlamaConfig(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
+            num_attention_heads=cfg.heads, num_key_value_heads=cfg.heads, intermediate_size=cfg.ffn,
+            max_position_embeddings=cfg.max_positions, rms_norm_eps=cfg.layer_norm_eps,
+            initializer_range=cfg.init_std, hidden_act="silu", attention_dropout=cfg.attn_dropout,
+            rope_theta=cfg.rope_theta, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
+            tie_word_embeddings=cfg.tie_embeddings)
+    raise ValueError(f"a decoder with norm={cfg.norm}, positions={cfg.positions}, activation={cfg.activation}, "
+                     f"bias={cfg.bias}, tie_embeddings={cfg.tie_embeddings} is neither GPT-2 (layernorm, learned, "
+                     f"gelu_tanh, biases, tied) nor Llama (rmsnorm, rotary, swiglu, no biases): no transformers class")
+
+
+def to_hf(model: DecoderLM, path: str | Path, bos: int = 0, eos: int = 2, pad: int = 1) -> None:
+    """Save ``model`` (its primary head) as a HF ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` directory, which
+    ``AutoModelForCausalLM`` loads; ``bos`` / ``eos`` / ``pad``: the ids of the tokenizer shipped with it (by default
+    a SentencePiece model's <s> 0, </s> 2, <pad> 1: what ``minimodel export`` writes, whatever the source model's
+    tokenizer padded with)."""
+    tf = _transformers()
+    config = hf_config(model.cfg, bos, eos, pad)
+    hf_model = (tf.GPT2LMHeadModel if config.model_type == "gpt2" else tf.LlamaForCausalLM)(config)
+    missing, unexpected = hf_model.load_state_dict(our_state_dict_to_hf(model), strict=False)
+    missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]
+    if missing or unexpected:
+        raise ValueError(f"weights do not map onto {type(hf_model).__name__}: missing {missing}, unexpected {unexpected}")
+    if model.cfg.tie_embeddings:
+        hf_model.tie_weights()
+    Path(path).mkdir(parents=True, exist_ok=True)
+    hf_model.save_pretrained(str(path))
