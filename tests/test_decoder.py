@@ -165,3 +165,16 @@ def test_causal_flops_equal_a_hand_count():
     # the encoder's p = 0.15 prices 15% of it: a causal LM's head costs 1/p = 6.7x more
     assert pretrain_flops(l, h, s, V, 1.0, B, 1) - pretrain_flops(l, h, s, V, 0.15, B, 1) == \
         pytest.approx(3 * B * 0.85 * head)
+
+
+def test_the_reports_cost_table_prices_every_position_for_a_decoder():
+    """`minimodel flops` and the report's costs (report/costs.py) use p = 1 for a causal LM, data.mask_prob otherwise."""
+    from minimodel.config.load import load_config
+    from minimodel.report.costs import cost_rows, cost_table
+
+    for path, p in (("experiments/study_decoder.yaml", 1.0), ("experiments/study.yaml", 0.15)):
+        cfg = load_config(ROOT / path)
+        m, d, a = cfg.model, cfg.data, cfg.adapt.optim
+        step2 = next(r for r in cost_rows(cfg) if r["step"] == "2 adapt (per language)")
+        assert step2["flops"] == adapt_flops(m.layers, m.hidden, d.seq_len, m.vocab_size, p, a.global_batch, a.updates)
+        assert f"p={p:g}," in cost_table(cfg)

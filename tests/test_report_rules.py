@@ -194,3 +194,16 @@ def test_the_claims_are_shown_where_every_seed_beats_the_majority_class_by_the_m
     unknown = read(clear, baselines=False)  # no baseline: shown, and said to be unchecked
     report = render_report(unknown, "x", {})
     assert "| claim | paper |" in report and "**t**: not checked in es (no majority-class baseline" in report
+
+
+def test_a_lower_is_better_metric_is_marked_when_it_rises_not_when_it_falls():
+    """Perplexity (a causal LM's second metric): falling with adaptation is the improvement; ↓ marks a rise."""
+    data = [*rows("bl_base", "es", same((40.0, 47.0, 49.4))), *rows("bl_base", "tr", same((40.0, 47.0, 49.4))),
+            *rows("bl_base", "es", same((900.0, 400.0, 300.0)), "perplexity"),
+            *rows("bl_base", "tr", same((900.0, 950.0, 1000.0)), "perplexity")]
+    res = read(data)
+    ppl = res.secondary["t"]["perplexity"]
+    assert ppl.sign("t") == -1.0 and res.sign("t") == 1.0
+    assert not ppl.below_step0("bl_base", "t", "es") and ppl.below_step0("bl_base", "t", "tr")
+    es, tr = table_other_metrics(res).split("| bl_base |")[1].split("|")[1:3]
+    assert LOWERED not in es and LOWERED in tr  # es: 900 -> 300; tr: 900 -> 1000

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from minimodel import systems
 from minimodel.config.schema import ExperimentConfig
+from minimodel.families import predicted_share
 from minimodel.flops import adapt_flops, bridge_flops, pretrain_flops, v100_days
 
 
@@ -12,7 +13,8 @@ def cost_rows(cfg: ExperimentConfig) -> list[dict]:
     """One row per training step of the experiment's system: what trains, over how many layers, and its cost
     (A1 pretraining, A4 bridge, A3 adaptation over the step-2 body; ``systems.FORMULAS``)."""
     system, m, d = systems.of(cfg), cfg.model, cfg.data
-    common = dict(hidden=m.hidden, seq_len=d.seq_len, vocab=m.vocab_size, mask_prob=d.mask_prob)
+    # p: the share of positions the LM head scores (data.mask_prob; 1 for a causal LM, families.predicted_share)
+    common = dict(hidden=m.hidden, seq_len=d.seq_len, vocab=m.vocab_size, mask_prob=predicted_share(cfg))
     p = cfg.pretrain.optim
     extra = len(m.mini_heads)
     shared = f" ({systems.get(system.primary_from).title}, shared)" if system.primary_from else ""
@@ -47,7 +49,7 @@ def cost_rows(cfg: ExperimentConfig) -> list[dict]:
 def cost_table(cfg: ExperimentConfig) -> str:
     """The experiment's cost as a Markdown table (EFLOPs and V100-days at 30 TFLOP/s)."""
     m, d = cfg.model, cfg.data
-    head = (f"{cfg.name} / {cfg.system}: h={m.hidden}, s={d.seq_len}, V={m.vocab_size}, p={d.mask_prob}, "
+    head = (f"{cfg.name} / {cfg.system}: h={m.hidden}, s={d.seq_len}, V={m.vocab_size}, p={predicted_share(cfg):g}, "
             f"{len(cfg.target_langs)} target languages\n\n")
     lines = ["| step | formula | layers | updates | batch | EFLOPs | V100-days |", "|---|---|---:|---:|---:|---:|---:|"]
     for r in cost_rows(cfg):
@@ -63,7 +65,7 @@ def multi_head_saving(cfg: ExperimentConfig) -> str:
     m, d, p = cfg.model, cfg.data, cfg.pretrain.optim
     if len(m.mini_heads) < 2:
         return ""
-    common = dict(hidden=m.hidden, seq_len=d.seq_len, vocab=m.vocab_size, mask_prob=d.mask_prob,
+    common = dict(hidden=m.hidden, seq_len=d.seq_len, vocab=m.vocab_size, mask_prob=predicted_share(cfg),
                   batch=p.global_batch, updates=p.updates)
     one = pretrain_flops(m.layers, extra_heads=len(m.mini_heads), **common)
     dedicated = len(m.mini_heads) * pretrain_flops(m.layers, extra_heads=1, **common)

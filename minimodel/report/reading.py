@@ -21,6 +21,7 @@ REFERENCE = systems.REFERENCE  # BL_BASE: standard adaptation of the 12-layer mo
 SYSTEM_ORDER = systems.ORDER
 NEAR_MAX = 0.95  # near-maximal performance: 95% of BL_BASE's final score
 # depth-sweep labels: minijoint-n2, minipost-n6 (a tag per depth), minijoint@l2 (one head of a multi-head model)
+LOWER_IS_BETTER = frozenset({"perplexity", "loss"})  # metrics where a lower score is the better one
 SWEEP = re.compile(r"^(?P<base>.+?)(?P<sep>-n|@l)(?P<depth>\d+)$")
 
 
@@ -52,20 +53,25 @@ class Results:
             for other in by_metric.values():
                 other.set_baselines(baselines)
 
+    def sign(self, task: str) -> float:
+        """1 when a higher score of the task's metric is better, -1 when lower is (perplexity, ``LOWER_IS_BETTER``)."""
+        return -1.0 if self.metrics.get(task) in LOWER_IS_BETTER else 1.0
+
     def below_baseline(self, system: str, task: str, lang: str) -> bool:
         """The system's final score (mean over seeds) does not beat the majority-class baseline."""
-        final, base = self.final_stat(system, task, lang), self.baselines.get((task, lang))
-        return final is not None and base is not None and final.mean <= base + 1e-9
+        final, base, k = self.final_stat(system, task, lang), self.baselines.get((task, lang)), self.sign(task)
+        return final is not None and base is not None and k * final.mean <= k * base + 1e-9
 
     def seed_below_baseline(self, system: str, task: str, lang: str) -> bool:
         """At least one seed's final score does not beat the majority-class baseline."""
-        base = self.baselines.get((task, lang))
-        return base is not None and any(v <= base + 1e-9 for v in self.final_values(system, task, lang))
+        base, k = self.baselines.get((task, lang)), self.sign(task)
+        return base is not None and any(k * v <= k * base + 1e-9 for v in self.final_values(system, task, lang))
 
     def below_step0(self, system: str, task: str, lang: str) -> bool:
-        """The final score (mean over seeds) is below the system's own step-0 score: adaptation lowered it."""
-        final, step0 = self.final_stat(system, task, lang), self.step0_stat(system, task, lang)
-        return final is not None and step0 is not None and final.mean < step0.mean - 1e-9
+        """The final score (mean over seeds) is worse than the system's own step-0 score: adaptation made it worse
+        (below it, or above it for a metric where lower is better)."""
+        final, step0, k = self.final_stat(system, task, lang), self.step0_stat(system, task, lang), self.sign(task)
+        return final is not None and step0 is not None and k * final.mean < k * step0.mean - 1e-9
 
     def step0_stat(self, system: str, task: str, lang: str) -> Stat | None:
         """The score of the unadapted embeddings (adaptation step 0: the overlap initialisation) over seeds."""
