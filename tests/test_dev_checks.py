@@ -216,3 +216,18 @@ def test_dev_sets_can_score_only_the_checkpoints_the_checks_read(tmp_path, split
                                                 f"report.plateau_share={share}"])
     ckpts = [tmp_path / f"step{n}.pt" for n in (0, 10, 400, 800, 1200, 1600)]
     assert [int(p.stem[4:]) for p in dev_selection(cfg, ckpts)] == expected
+
+
+def test_a_task_left_out_of_the_claims_gets_an_exploratory_table_over_the_languages_that_clear_the_gate():
+    """BL_BASE ends at 34 in es (majority class 33): the claims are not read on the task; the exploratory table
+    reads them over de and el, and says the set was chosen on test scores."""
+    test = read(study(), "test")
+    test.set_baselines({("t", "de"): {"accuracy": 30.0}, ("t", "el"): {"accuracy": 30.0}, ("t", "es"): {"accuracy": 33.0}})
+    text = render_report(test, "s", {})
+    claims = text.split("## The paper's claims")[1]
+    assert "**t**: left out" in claims and "es (34.0" in claims
+    assert "**t, exploratory**" in claims and "(de, el)" in claims and "reads test scores" in claims
+    assert "| de, el (2) |" in claims
+    # every language clears it: no exploratory table
+    test.set_baselines(TEST_BASE)
+    assert "exploratory" not in render_report(test, "s", {})
