@@ -167,3 +167,21 @@ def test_progressive_adaptation_records_phases_sums_flops_and_resumes_exactly(tm
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     for p in adaptation_checkpoints(ref_dir):
         assert torch.equal(load_adaptation(p).embeddings, load_adaptation(run_dir / "embeddings" / p.name).embeddings)
+
+
+def test_a_stop_between_scheduled_updates_adds_no_point_to_the_curves(tmp_path, prepared, corpus_dir):
+    """A signal (here stop_at) at update 9 of 12, checkpoints every 6: the stop writes the resumable last.ckpt but no
+    adaptation checkpoint, so step 4's curve points are the scheduled ones, whether or not the run was stopped."""
+    exp = str(ROOT / "experiments" / "tiny.yaml")
+    stages = stage_overrides(["pretrain", "adapt"], updates=12, **TINY_STAGE, ckpt_every=6, val_every=12, log_every=1)
+    base = [*tiny_overrides(tmp_path, corpus_dir, prepared, runs_dir=tmp_path), *stages]
+    run_to_end("pretrain", exp, *base)
+    cmd = ["adapt", exp, *base, "lang=de"]
+    stopped = cli(*cmd, "adapt.trainer.stop_at=9")
+    out, _ = stopped.communicate(timeout=600)
+    assert stopped.returncode == 4, out  # stopped as asked: not finished
+    run_dir = next((tmp_path / "tiny").glob("*/adapt/de"))
+    assert [load_adaptation(p).step for p in adaptation_checkpoints(run_dir)] == [0, 6]
+    assert (run_dir / "checkpoints" / "last.ckpt").exists()
+    run_to_end(*cmd)
+    assert [load_adaptation(p).step for p in adaptation_checkpoints(run_dir)] == [0, 6, 12]

@@ -99,9 +99,11 @@ class ScheduledCheckpoints(Callback):
             os.write(2, f"{PREFIX} Ctrl-C: stopping after this update, with a checkpoint (exit {REQUEUE_EXIT}; "
                         f"rerun to resume); Ctrl-C again stops at once\n".encode())
 
-    def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def save(self, trainer: L.Trainer, pl_module: L.LightningModule, export: bool = True) -> None:
+        """A checkpoint at this update; ``export``: also the stage's export (an adaptation checkpoint, a point of step
+        4's curves), which a stop between scheduled updates does not write: the curves keep the scheduled points."""
         step = trainer.global_step
-        if self.export is not None and trainer.is_global_zero:
+        if export and self.export is not None and trainer.is_global_zero:
             self.export(step)
         if not self.keep_steps:
             trainer.save_checkpoint(self.dirpath / LAST, weights_only=False)  # full state: resumable
@@ -130,7 +132,7 @@ class ScheduledCheckpoints(Callback):
             self.stop_requested = self.stop_requested or f"wall-time cap of {self.max_seconds / 60:g} min"
         if self.stop_requested:
             if self.last_saved != step:
-                self.save(trainer, pl_module)
+                self.save(trainer, pl_module, export=False)
             trainer.should_stop = True
 
     def state_dict(self) -> dict:
@@ -145,7 +147,7 @@ class ScheduledCheckpoints(Callback):
         if self.stop_requested:
             log.info(f"stopped at update {trainer.global_step} ({self.stop_requested}); rerun the same command to resume")
         if self.last_saved != trainer.global_step:
-            self.save(trainer, pl_module)
+            self.save(trainer, pl_module, export=not self.stop_requested)
 
 
 class StageProgress(Callback):
