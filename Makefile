@@ -65,10 +65,11 @@ study bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small: s
 study-beyond: setup
 	$(MM) run experiments/study_beyond.yaml $(OVERRIDES)
 
-# after `make study` (and `make study-beyond`): copy the study's results.jsonl files to docs/results/ and
-# regenerate docs/results.md from them (study_beyond.yaml names every row of both)
+# after `make study` (and `make study-beyond`): replace docs/results/study/ with the study's results.jsonl files
+# (rows of an earlier version do not linger) and regenerate docs/results.md from them (study_beyond.yaml names
+# every row of both)
 results: setup
-	mkdir -p docs/results/study
+	rm -rf docs/results/study && mkdir -p docs/results/study
 	for f in runs/study/*/results.jsonl; do d=docs/results/study/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
 	$(MM) report experiments/study_beyond.yaml runs_dir=docs/results --out docs/results.md
 
