@@ -145,7 +145,7 @@ def apply_checks(res: Results, dev: Results, checks: DevChecks) -> Checked:
              f"end of step 2 (mean over seeds) beats the dev majority class by at least {checks.margin:g} points"
              + ("" if checks.languages == "transfer" else " (not applied here: report.languages is all)")
              + f". **Plateau rule**: over the last {checks.share:.0%} of step 2's updates, {REFERENCE}'s dev curve "
-             f"moves by less than {checks.points:g} point(s) in every language; the table shows the move of every "
+             f"moves by less than {checks.points:g} point{'' if checks.points == 1 else 's'} in every language; the table shows the move of every "
              f"system's curve (dev score at the last checkpoint minus that at the last checkpoint at or before "
              f"{1 - checks.share:.0%} of the updates; ✓ below {checks.points:g} in absolute value).", ""]
     kept = res
