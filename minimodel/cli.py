@@ -146,24 +146,13 @@ def init_twins(config: str, overrides: list[str]) -> dict[str, str]:
     return out
 
 
-def dev_checks(cfg: ExperimentConfig, tasks: list[str]) -> Any:
-    """The report's dev-set checks (``report:``, ``selection.DevChecks``) with the dev majority-class baselines; None
-    when the experiment scores no dev sets (``evaluate.dev`` false)."""
-    from minimodel.data.tasks import TaskData, majority_baseline
+def dev_checks(cfg: ExperimentConfig, baselines: dict[tuple[str, str], dict[str, float]]) -> Any:
+    """The report's dev-set checks (``report:``, ``selection.DevChecks``) with the dev majority-class ``baselines``;
+    None when the experiment scores no dev sets (``evaluate.dev`` false)."""
     from minimodel.report.selection import DevChecks
 
-    if not cfg.evaluate.dev:
-        return None
-    baselines: dict[tuple[str, str], dict[str, float]] = {}
-    for task in tasks:
-        try:
-            data = TaskData(task, cfg.tasks[task])
-            baselines.update({(task, lang): v for lang, v in
-                              majority_baseline(data, data.languages(cfg.target_langs), "dev").items()})
-        except Exception as e:  # a task without dev sets: its languages are not checked
-            log.warning(f"no dev majority-class baseline for {task}: {e}")
     r = cfg.report
-    return DevChecks(r.languages, r.transfer_margin, r.plateau_share, r.plateau_points, baselines)
+    return DevChecks(r.languages, r.transfer_margin, r.plateau_share, r.plateau_points, baselines) if cfg.evaluate.dev else None
 
 
 def mini_depths(config: str, overrides: list[str]) -> dict[str, int]:
@@ -189,17 +178,20 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.report.document import summary, write_report
 
     baselines: dict[tuple[str, str], dict[str, float]] = {}
+    dev: dict[tuple[str, str], dict[str, float]] = {}  # the dev sets' (evaluate.dev: the report's dev checks)
     main_metrics: dict[str, str] = {}
     for task in report_tasks(cfg):
         try:
             data = TaskData(task, cfg.tasks[task])
             main_metrics[task] = data.metric
-            langs = [cfg.source_lang, *data.languages(cfg.target_langs)]
+            targets = data.languages(cfg.target_langs)
             baselines.update({(task, lang): v for lang, v in
-                              majority_baseline(data, langs, cfg.evaluate.split).items()})
+                              majority_baseline(data, [cfg.source_lang, *targets], cfg.evaluate.split).items()})
+            if cfg.evaluate.dev:  # a task without dev sets: its languages are not checked
+                dev.update({(task, lang): v for lang, v in majority_baseline(data, targets, "dev").items()})
         except Exception as e:  # the hub may be out of reach: the report goes on without the baseline
             log.warning(f"no majority-class baseline for {task}: {e}")
-    checks = dev_checks(cfg, list(main_metrics))
+    checks = dev_checks(cfg, dev)
     path = write_report(cfg.runs_dir, cfg.name, out=Path(args.out) if args.out else None, baselines=baselines,
                         depths=mini_depths(args.config, args.overrides),
                         variants=variant_infos(args.config, args.overrides), main_metrics=main_metrics,

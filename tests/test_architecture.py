@@ -120,19 +120,24 @@ def test_the_config_schema_imports_nothing_of_minimodel():
 SYSTEM_NAMES = {"bl_base", "bl_small", "minijoint", "minipost"}
 
 
-def test_only_systems_branches_on_a_system_name():
-    """No comparison with a system's name (`system == "minipost"`, `in ("bl_base", ...)`) outside the declarations
-    in systems.py: what differs between systems is declared there."""
+def compared_outside(names: set, owner: str) -> list[str]:
+    """Every comparison with one of ``names`` (a constant in an ``==``, ``in``, ...) in a module other than ``owner``."""
     offenders = []
     for name, path in modules().items():
-        if name == "minimodel.systems":
+        if name == owner:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare):
                 constants = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant)}
-                if constants & SYSTEM_NAMES:
+                if constants & names:
                     offenders.append(f"{name}:{node.lineno}")
-    assert offenders == []
+    return offenders
+
+
+def test_only_systems_branches_on_a_system_name():
+    """No comparison with a system's name (`system == "minipost"`, `in ("bl_base", ...)`) outside the declarations
+    in systems.py: what differs between systems is declared there."""
+    assert compared_outside(SYSTEM_NAMES, "minimodel.systems") == []
 
 
 def test_only_families_branches_on_a_family_name():
@@ -140,13 +145,4 @@ def test_only_families_branches_on_a_family_name():
     differs between families (objective, pooling, output bias, positions, Hugging Face module) is declared there."""
     from minimodel.families import REGISTRY
 
-    offenders = []
-    for name, path in modules().items():
-        if name == "minimodel.families":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Compare):
-                constants = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant)}
-                if constants & set(REGISTRY):
-                    offenders.append(f"{name}:{node.lineno}")
-    assert offenders == []
+    assert compared_outside(set(REGISTRY), "minimodel.families") == []

@@ -13,7 +13,6 @@ verdicts). Nothing here imports torch."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -93,18 +92,16 @@ def restrict(res: Results, task: str, langs: Collection[str]) -> Results:
     def ok(key: tuple[str, str, str]) -> bool:
         return key[1] != task or key[2] in keep
 
-    out = replace(res, curves={k: v for k, v in res.curves.items() if ok(k)},
-                  by_seed={k: v for k, v in res.by_seed.items() if ok(k)},
-                  secondary={t: {m: restrict(o, task, langs) for m, o in by_metric.items()}
-                             for t, by_metric in res.secondary.items()})
-    return out
+    return replace(res, curves={k: v for k, v in res.curves.items() if ok(k)},
+                   by_seed={k: v for k, v in res.by_seed.items() if ok(k)},
+                   secondary={t: {m: restrict(o, task, langs) for m, o in by_metric.items()}
+                              for t, by_metric in res.secondary.items()})
 
 
 def fmt_move(p: Plateau | None, points: float) -> str:
     if p is None:
         return "—"
-    mark = "✓" if p.holds(points) else "✗"
-    return f"{p.move:+.1f} {mark}" if not math.isnan(p.move) else "—"
+    return f"{p.move:+.1f} {'✓' if p.holds(points) else '✗'}"
 
 
 @dataclass(frozen=True)
