@@ -205,19 +205,21 @@ def test_a_signalled_training_step_checkpoints_requeues_and_resumes_exactly(firs
     seen: dict[str, bool] = {"requeued": False}
 
     def next_allocation_longer(jid: str, info: dict[str, str]) -> None:
-        # a requeued job waits ~2 minutes before SLURM starts it again; start it now, with time to finish (as a
-        # cluster's next allocation would give a long run, one slice at a time)
+        # a requeued job waits ~2 minutes before SLURM starts it again; start it sooner, with time to finish (as a
+        # cluster's next allocation would give a long run, one slice at a time). Not at once: the requeue revoked the
+        # job's credential on the node, and a restart in the same second is refused ("Job credential revoked"; the
+        # job FAILS without running, as a CI run showed); a few seconds later a new credential is valid
         if jid == pre and info.get("Restarts") == "1" and info.get("JobState") == "PENDING" and not seen["requeued"]:
             seen["requeued"] = True
-            subprocess.run(["scontrol", "update", f"JobId={jid}", "TimeLimit=10", "StartTime=now"], check=True)
+            subprocess.run(["scontrol", "update", f"JobId={jid}", "TimeLimit=10", "StartTime=now+3"], check=True)
 
     jobs = wait(list(ids.values()), on_pending=next_allocation_longer)
     out, _ = ref.communicate(timeout=600)
     assert ref.returncode == 0, out
     assert seen["requeued"], jobs[pre]
     states = {step: jobs[jid]["JobState"] for step, jid in ids.items()}
-    assert set(states.values()) == {"COMPLETED"}, states
     log = log_of(area["runs"], "slurm_sig", "pretrain", pre)
+    assert set(states.values()) == {"COMPLETED"}, (states, jobs[pre], log)  # the job's record and log say why
     assert "restart 0" in log and "restart 1" in log, log
     assert re.search(r"stopped on SIGUSR1", log) and f"requeueing job {pre}" in log, log
     for step in ("adapt-de", "finetune-lohelp-s1"):  # built on the finished pretraining only
