@@ -174,6 +174,7 @@ def report_tasks(cfg: ExperimentConfig) -> list[str]:
 
 
 def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
+    from minimodel import families
     from minimodel.data.tasks import TaskData, majority_baseline
     from minimodel.report.document import summary, write_report
 
@@ -195,7 +196,8 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     path = write_report(cfg.runs_dir, cfg.name, out=Path(args.out) if args.out else None, baselines=baselines,
                         depths=mini_depths(args.config, args.overrides),
                         variants=variant_infos(args.config, args.overrides), main_metrics=main_metrics,
-                        split=cfg.evaluate.split, checks=checks, inits=init_twins(args.config, args.overrides))
+                        split=cfg.evaluate.split, checks=checks, inits=init_twins(args.config, args.overrides),
+                        family=families.of(cfg.model))
     print(summary(cfg.runs_dir, cfg.name, baselines=baselines, main_metrics=main_metrics, split=cfg.evaluate.split,
                   checks=checks))
     print(f"report: {path}")

@@ -48,6 +48,7 @@ class ModelFamily:
     untied: bool = False
     unbiased: bool = False
     hf: str = ""  # the module of its Hugging Face import (``from_hf``) and export (``to_hf``); "" = none
+    in_paper: bool = False  # the paper's experiments use this family (its claims' figures are about it)
 
     @property
     def perplexity(self) -> bool:
@@ -57,7 +58,7 @@ class ModelFamily:
 
 REGISTRY: dict[str, ModelFamily] = {f.name: f for f in (
     ModelFamily("encoder", "RoBERTa (masked LM)", "minimodel.model:RobertaMLM", Objective.MASKED,
-                position_offset=2, pooling="first", output_bias=True, hf="minimodel.hf"),
+                position_offset=2, pooling="first", output_bias=True, hf="minimodel.hf", in_paper=True),
     ModelFamily("decoder", "decoder-only (causal LM)", "minimodel.decoder:DecoderLM", Objective.CAUSAL,
                 position_offset=0, pooling="last", output_bias=False, norms=("layernorm", "rmsnorm"),
                 positions=("learned", "rotary"), activations=("gelu", "gelu_tanh", "swiglu"), untied=True,

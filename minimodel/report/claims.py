@@ -364,9 +364,11 @@ def all_claims(res: Results, task: str, depths: Mapping[str, int] | None, reps: 
 
 def claims_table(res: Results, depths: Mapping[str, int] | None = None, tasks: Sequence[str] | None = None,
                  reps: int = 2000, variants: Mapping[str, VariantInfo] | None = None,
-                 inits: Mapping[str, str] | None = None) -> str:
+                 inits: Mapping[str, str] | None = None, family: str = "") -> str:
     """The claims as a Markdown table per task (the paper's, then those about minimodel's extensions), each with its
-    language coverage and its verdict in each language alone."""
+    language coverage and its verdict in each language alone. ``family``: the title of a model family the paper did
+    not study (a decoder-only LM): the paper's claims are then marked "not in the paper", its figures (about MLMs)
+    given for comparison."""
     blocks = []
     for task in tasks or res.tasks:
         langs = res.langs(task)
@@ -379,7 +381,64 @@ def claims_table(res: Results, depths: Mapping[str, int] | None = None, tasks: S
             single = i + 1 in PER_LANGUAGE and i < len(TEXTS)
             per = "—" if single or len(langs) < 2 else ", ".join(
                 f"{lang} {alone[lang].get(c.claim, 'not measured')}" for lang in langs)
-            lines.append(f"| {c.claim} | {c.paper} | {c.ours} | {c.rule} | **{c.verdict}** | "
+            paper = f"{NOT_IN_PAPER}; for MLMs: {c.paper}" if family and c.paper != NOT_IN_PAPER else c.paper
+            lines.append(f"| {c.claim} | {paper} | {c.ours} | {c.rule} | **{c.verdict}** | "
                          f"{', '.join(langs)} ({len(langs)}) | {per} |")
         blocks.append(f"**{task}**\n\n" + "\n".join(lines))
     return "\n\n".join(blocks)
+
+
+PERPLEXITY_TEXTS: dict[int, tuple[str, str]] = {  # claim, the rule for *held* in one language
+    1: ("MiniJoint reaches 95% of BL_BASE's final 1/perplexity (a perplexity at most BL_BASE's final / 0.95) with "
+        "less step-2 compute", "BL_BASE days / MiniJoint days to that target above 1×"),
+    2: ("MiniPost keeps ~99% of BL_BASE's final 1/perplexity at about half its step-2 cost",
+        "final 1/perplexity ratio MiniPost / BL_BASE at least 97% and cost ratio at most 60%"),
+}
+
+
+def _ppl_claim1(res: Results, task: str, lang: str) -> tuple[str, str]:
+    """MiniJoint's speedup to BL_BASE's 1/perplexity target in one language: (estimate, verdict)."""
+    ref, sys_ = res.days_to_target(REFERENCE, task, lang), res.days_to_target(MINIJOINT, task, lang)
+    if ref is None or sys_ is None:
+        return "—", "not measured"
+    if math.isinf(sys_):
+        return "never reaches it", "not held"
+    if sys_ <= 0 or ref <= 0:
+        return "reached at step 0", "undefined"
+    ratio = ref / sys_
+    return fmt_speedup(ratio), "held" if ratio > 1 else "not held"
+
+
+def _ppl_claim2(res: Results, task: str, lang: str) -> tuple[str, str]:
+    """MiniPost's final 1/perplexity as a share of BL_BASE's and its step-2 cost as a share: (estimate, verdict)."""
+    mp, ref = res.final(MINIPOST, task, lang), res.final(REFERENCE, task, lang)
+    if mp is None or ref is None:
+        return "—", "not measured"
+    score, cost = mp.score / ref.score, mp.flops / ref.flops
+    return f"{_pct(score)} at {_pct(cost)} of the cost", "held" if score >= 0.97 and cost <= 0.6 else "not held"
+
+
+def perplexity_claims(res: Results, task: str) -> str:
+    """Claims 1 and 2 read on the target-language perplexity (``reading.inverse_perplexity``: ``res`` holds
+    1/perplexity) as a Markdown table: per language, and the count of languages where each holds. Point estimates
+    only: a checkpoint's perplexity comes from one adaptation run per language, with nothing to resample, so no
+    interval and no *held* for the whole claim unless it holds in every language."""
+    langs = res.langs(task)
+    lines = ["| claim | paper | ours (per language) | rule for *held* (each language) | verdict | languages |",
+             "|---|---|---|---|---|---|"]
+    for i, one in ((1, _ppl_claim1), (2, _ppl_claim2)):
+        claim, rule = PERPLEXITY_TEXTS[i]
+        per = {lang: one(res, task, lang) for lang in langs}
+        measured = [lang for lang in langs if per[lang][1] in ("held", "not held")]
+        held = [lang for lang in measured if per[lang][1] == "held"]
+        if not measured:
+            v = "not measured"
+        elif len(held) == len(langs):
+            v = f"held in all {len(langs)} (point estimates)"
+        elif not held:
+            v = f"not held in any of {len(langs)}"
+        else:
+            v = f"held in {len(held)} of {len(langs)} ({', '.join(held)}): mixed"
+        ours = "; ".join(f"{lang} {est} ({vv})" for lang, (est, vv) in per.items())
+        lines.append(f"| {claim} | {NOT_IN_PAPER} | {ours} | {rule} | **{v}** | {', '.join(langs)} ({len(langs)}) |")
+    return "\n".join(lines)

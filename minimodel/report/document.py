@@ -10,7 +10,7 @@ from typing import Any
 
 from minimodel import atomic
 from minimodel.layout import Layout
-from minimodel.report.claims import claims_table
+from minimodel.report.claims import claims_table, perplexity_claims
 from minimodel.report.figures import plot_curves
 from minimodel.report.formatting import (
     BELOW,
@@ -25,7 +25,7 @@ from minimodel.report.formatting import (
 )
 from minimodel.report.intervals import BOOTSTRAP_REPS, seeds_of_system, time_to_target_interval
 from minimodel.report.marks import CLAIMS_MARGIN, claims_gate, flagged_all, flagged_targets, unchecked
-from minimodel.report.reading import NEAR_MAX, REFERENCE, Results, load_results
+from minimodel.report.reading import NEAR_MAX, REFERENCE, Results, inverse_perplexity, load_results
 from minimodel.report.selection import Checked, DevChecks, apply_checks, restrict
 from minimodel.report.statistics import MIN_DEFINED
 from minimodel.report.tables import (
@@ -77,12 +77,15 @@ def pretraining_note(res: Results) -> str:
 
 def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Mapping[str, int] | None = None,
                   variants: Mapping[str, Any] | None = None, truncation: list[str] | None = None,
-                  checked: Checked | None = None, inits: Mapping[str, str] | None = None) -> str:
+                  checked: Checked | None = None, inits: Mapping[str, str] | None = None,
+                  family: Any = None) -> str:
     """The Markdown report; ``variants``: MiniJoint label -> ``claims.VariantInfo`` (the claims beyond the paper);
     ``plots``: task -> relative link of its PNG; ``depths``: MiniJoint label -> depth of its
     mini-model (for the claim about depth); ``truncation``: the section ``truncation.report_section`` writes;
     ``checked``: the dev checks (``selection.apply_checks``: ``res`` is then its results, the languages that
-    transfer); ``inits``: label of a row adapted from another initialisation -> the label of its overlap twin."""
+    transfer); ``inits``: label of a row adapted from another initialisation -> the label of its overlap twin;
+    ``family``: the experiment's ``families.ModelFamily`` (claims about a family the paper did not study are marked
+    so; a causal LM's perplexity gets claims of its own)."""
     out = [f"# Mini-model adaptation: {name}", ""]
     if not res.curves and not res.english:
         return "\n".join(out + ["No results yet (no `*/results.jsonl` rows): run `minimodel evaluate` first.", ""])
@@ -156,7 +159,7 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
                         "V100-days to near-maximal performance (still 95% of BL_BASE) for each depth N of the "
                         "mini-model; the last row is the average speedup over BL_BASE.", "", depth, ""]
     if res.curves and any(s == REFERENCE for s, _, _ in res.curves):
-        out += claims_section(res, depths, variants, inits)
+        out += claims_section(res, depths, variants, inits, family)
     english = table_english(res)
     if english:
         out += ["## English (Table 5)", "",
@@ -172,14 +175,20 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
 
 
 def claims_section(res: Results, depths: Mapping[str, int] | None, variants: Mapping[str, Any] | None,
-                   inits: Mapping[str, str] | None = None) -> list[str]:
+                   inits: Mapping[str, str] | None = None, family: Any = None) -> list[str]:
     """The paper's claims, for the tasks where the systems clearly beat chance (``marks.claims_gate``); one line
-    for each task left out, saying why."""
+    for each task left out, saying why. For a family the paper did not study (``family.in_paper`` false) every
+    row is marked "not in the paper"; with perplexity rows (a causal LM), claims 1 and 2 on perplexity too."""
+    other = "" if family is None or family.in_paper else family.title
     shown = [t for t in res.tasks if claims_gate(res, t) is None]
     notes = [f"**{t}**: left out: {why}." for t in res.tasks if (why := claims_gate(res, t))]
     notes += [f"**{t}**: not checked in {', '.join(langs)} (no majority-class baseline or no {REFERENCE} score)."
               for t in shown if (langs := unchecked(res, t))]
-    out = ["## The paper's claims", "",
+    title = "## The paper's claims" + (f", for a {other} model (not in the paper)" if other else "")
+    intro = ([f"The paper adapts masked LMs only (its Limitations section names autoregressive models as untested): "
+              f"here its claims are checked on a {other} model, so every row is \"not in the paper\"; the paper's "
+              "figure, about MLMs, is given for comparison.", ""] if other else [])
+    out = [title, "", *intro,
            "Each claim of the paper, its figure there, ours with a 95% bootstrap interval over finetuning seeds "
            "(n per system), the rule that decides *held*, and the verdict: *held* when the interval lies on the "
            "claim's side of the rule, *not held* when it lies on the other side, *inconclusive* when it spans "
@@ -190,14 +199,25 @@ def claims_section(res: Results, depths: Mapping[str, int] | None, variants: Map
            f"language), so a claim that holds on average but not in some languages says so. {INTERVAL_RULE} "
            + CLAIMS_RULE, "", *(n + "\n" for n in notes)]
     if shown:
-        out += [claims_table(res, depths, tasks=shown, variants=variants, inits=inits), ""]
+        out += [claims_table(res, depths, tasks=shown, variants=variants, inits=inits, family=other), ""]
     for task in (t for t in res.tasks if t not in shown):
         clear = [lang for lang in res.langs(task) if claims_gate(restrict(res, task, [lang]), task) is None]
         if clear and len(clear) < len(res.langs(task)):
             out += [f"**{task}, exploratory**: the same claims over the languages where {REFERENCE} does clear the "
                     f"majority-class baseline ({', '.join(clear)}). That set was chosen by the rule above, which reads "
                     "test scores: these verdicts are exploratory, not the experiment's claims.", "",
-                    claims_table(restrict(res, task, clear), depths, variants=variants, inits=inits), ""]
+                    claims_table(restrict(res, task, clear), depths, variants=variants, inits=inits,
+                                 family=other), ""]
+    for task in res.tasks:
+        inverse = inverse_perplexity(res, task)
+        if inverse is not None and any(s == REFERENCE for s, _, _ in inverse.curves):
+            out += [f"**{task}, target-language perplexity** (not in the paper): claims 1 and 2 read on the held-out "
+                    "perplexity of the primary model with each adaptation checkpoint's embeddings, as 1/perplexity "
+                    "(the geometric-mean probability of the next token), so that the target is still 95% of "
+                    f"{REFERENCE}'s final value: a perplexity at most {REFERENCE}'s final / 0.95. Perplexity does "
+                    "not depend on the finetuning seed and each language has one adaptation run, so these are point "
+                    "estimates per language, without intervals; a claim is *held* only where it holds in every "
+                    "language.", "", perplexity_claims(inverse, task), ""]
     return out
 
 
@@ -219,7 +239,7 @@ def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
                  baselines: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
                  depths: Mapping[str, int] | None = None, variants: Mapping[str, Any] | None = None,
                  main_metrics: Mapping[str, str] | None = None, split: str = "test",
-                 checks: DevChecks | None = None, inits: Mapping[str, str] | None = None) -> Path:
+                 checks: DevChecks | None = None, inits: Mapping[str, str] | None = None, family: Any = None) -> Path:
     """Read every ``{runs_dir}/{name}/*/results.jsonl``; write ``report.md`` (default
     ``{runs_dir}/{name}/report.md``) and its PNGs under ``plots/`` next to it. Returns the report path.
     ``baselines``: (task, lang) -> metric -> majority-class score; ``main_metrics``: task -> main metric;
@@ -231,7 +251,7 @@ def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
     truncated = report_section({p.parent.name: read_truncation(p.parent) for p in Layout(Path(runs_dir), name).all_results()},
                                res.tasks, {task: res.langs(task) for task in res.tasks}, split)
     text = render_report(res, name, {task: path.relative_to(out.parent).as_posix() for task, path in pngs.items()},
-                         depths, variants, truncated, checked, inits)
+                         depths, variants, truncated, checked, inits, family)
     atomic.write_text(out, text)
     return out
 

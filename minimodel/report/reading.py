@@ -22,6 +22,7 @@ SYSTEM_ORDER = systems.ORDER
 NEAR_MAX = 0.95  # near-maximal performance: 95% of BL_BASE's final score
 # depth-sweep labels: minijoint-n2, minipost-n6 (a tag per depth), minijoint@l2 (one head of a multi-head model)
 LOWER_IS_BETTER = frozenset({"perplexity", "loss"})  # metrics where a lower score is the better one
+INVERSE_PERPLEXITY = "1/perplexity"  # exp(-loss): the geometric-mean probability of the next token (higher is better)
 SWEEP = re.compile(r"^(?P<base>.+?)(?P<sep>-n|@l)(?P<depth>\d+)$")
 
 
@@ -239,3 +240,28 @@ def load_results(runs_dir: str | Path, name: str, main_metrics: Mapping[str, str
     """Every ``{runs_dir}/{name}/*/results.jsonl`` (a partial last line is ignored)."""
     rows = [r for path in Layout(Path(runs_dir), name).all_results() for r in ResultsTable(path).rows()]
     return results_from_rows(rows, main_metrics, split)
+
+
+def inverse_perplexity(res: Results, task: str) -> Results | None:
+    """The task's target-language perplexity rows (``Results.secondary[task]["perplexity"]``) as 1/perplexity, the
+    geometric-mean probability a model gives the next token: higher is better, so the near-maximal target (95% of
+    BL_BASE's final 1/perplexity, i.e. a perplexity at most BL_BASE's final / 0.95), times to target and speedups
+    read exactly as for a task score. A checkpoint's perplexity does not depend on the finetuning seed (every
+    (task, seed) row of it carries the same value), so one finetuning seed per pretraining seed is kept: n is the
+    number of adaptation runs. None without perplexity rows."""
+    ppl = res.secondary.get(task, {}).get("perplexity")
+    if ppl is None or not ppl.curves:
+        return None
+    out = Results(metrics={task: INVERSE_PERPLEXITY}, n_rows=ppl.n_rows, split=ppl.split)
+    for key, seeds in ppl.by_seed.items():
+        first: dict[int, Seeds] = {}
+        for s in sorted(seeds):
+            first.setdefault(s[0], s)
+        kept = {s: [Point(p.step, p.flops, p.days, 1.0 / p.score) for p in seeds[s]] for s in first.values()}
+        out.by_seed[key] = kept
+        out.seeds |= set(kept)
+        steps = sorted({p.step for c in kept.values() for p in c})
+        by_step = {st: [p for c in kept.values() for p in c if p.step == st] for st in steps}
+        out.curves[key] = [Point(st, mean(p.flops for p in ps), mean(p.days for p in ps), mean(p.score for p in ps))
+                           for st, ps in by_step.items() if len(ps) == len(kept)]
+    return out
