@@ -1,7 +1,7 @@
 # minimodel: `make demo` runs all four systems on the bundled demo data, `make test` runs the tests.
 # Both create .venv and install what they need (a pinned torch first, then the package).
 #
-# Experiments: make study (the evidence), make study-beyond (+ the extensions' rows); then make results (docs/results.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
+# Experiments: make study (the evidence), make study-beyond (+ the extensions' rows); then make results (docs/results.md); make study-decoder, then make results-decoder (docs/decoder/results.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
 # Each runs every step in order (prepare, pretrain, bridge, adapt per language, finetune per task and
 # seed, evaluate, report), skips finished steps and resumes unfinished ones. Overrides:
 #   make minijoint LANGS=de,tr TASKS=xnli SEEDS=2 ARGS="pretrain.optim.micro_batch=16"
@@ -27,7 +27,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-slurm test-fast lint demo study study-beyond bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check
+.PHONY: help setup test test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check
 
 help:
 	@sed -n '1,10p' Makefile
@@ -65,6 +65,9 @@ study bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small: s
 study-beyond: setup
 	$(MM) run experiments/study_beyond.yaml $(OVERRIDES)
 
+study-decoder: setup
+	$(MM) run experiments/study_decoder.yaml $(OVERRIDES)
+
 # after `make study` (and `make study-beyond`): replace docs/results/study/ with the study's results.jsonl files
 # (rows of an earlier version do not linger) and regenerate docs/results.md from them (study_beyond.yaml names
 # every row of both)
@@ -72,6 +75,12 @@ results: setup
 	rm -rf docs/results/study && mkdir -p docs/results/study
 	for f in runs/study/*/results.jsonl; do d=docs/results/study/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
 	$(MM) report experiments/study_beyond.yaml runs_dir=docs/results --out docs/results.md
+
+# after `make study-decoder`: the same for the decoder-only study -> docs/results/study_decoder/, docs/decoder/results.md
+results-decoder: setup
+	rm -rf docs/results/study_decoder && mkdir -p docs/results/study_decoder
+	for f in runs/study_decoder/*/results.jsonl; do d=docs/results/study_decoder/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
+	$(MM) report experiments/study_decoder.yaml runs_dir=docs/results --out docs/decoder/results.md
 
 report: setup
 	$(MM) report experiments/$(EXP).yaml $(OVERRIDES)

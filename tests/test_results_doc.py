@@ -1,4 +1,5 @@
-"""docs/results.md is exactly what `minimodel report` makes of the study's committed results (docs/results/)."""
+"""docs/results.md and docs/decoder/results.md are exactly what `minimodel report` makes of the committed study
+results (docs/results/)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,22 @@ import pytest
 from tests.conftest import ROOT
 
 RESULTS = ROOT / "docs" / "results"
+DOCS = [("study", "study_beyond.yaml", "results.md"), ("study_decoder", "study_decoder.yaml", "decoder/results.md")]
 
 
-@pytest.mark.skipif(not (RESULTS / "study").is_dir(), reason="no committed study results")
-def test_the_committed_study_results_regenerate_docs_results_md(tmp_path):
+@pytest.mark.parametrize("study,experiment,doc", DOCS)
+def test_the_committed_study_results_regenerate_their_document(tmp_path, study, experiment, doc):
+    if not (RESULTS / study).is_dir():
+        pytest.skip(f"no committed {study} results")
     runs = tmp_path / "runs"
     shutil.copytree(RESULTS, runs)
-    out = tmp_path / "results.md"
+    out = tmp_path / doc  # its plots go next to it, as docs/plots/ and docs/decoder/plots/
+    out.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    p = subprocess.run([sys.executable, "-m", "minimodel.cli", "report", "experiments/study_beyond.yaml", f"runs_dir={runs}",
-                        "--out", str(out), "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=600)
+    p = subprocess.run([sys.executable, "-m", "minimodel.cli", "report", f"experiments/{experiment}",
+                        f"runs_dir={runs}", "--out", str(out), "--no-progress"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert out.read_text() == (ROOT / "docs" / "results.md").read_text()
-    assert (tmp_path / "plots" / "lohelp.png").stat().st_size > 10_000
+    assert out.read_text() == (ROOT / "docs" / doc).read_text()
+    assert (out.parent / "plots" / "lohelp.png").stat().st_size > 10_000
     assert "## The paper's claims" in out.read_text()
