@@ -49,6 +49,14 @@ class ModelFamily:
     unbiased: bool = False
     hf: str = ""  # the module of its Hugging Face import (``from_hf``) and export (``to_hf``); "" = none
     in_paper: bool = False  # the paper's experiments use this family (its claims' figures are about it)
+    # its structure, for the memory plan's counts (``memory.py``): the embedding layer ends with a LayerNorm and makes
+    # position ids per token (RoBERTa's, post-norm; a pre-norm decoder's first block normalises instead); an LM head
+    # maps its input through a dense layer and GELU before its norm (RoBERTa's; a decoder's head is its final norm
+    # and the projection); ``encode`` returns the last layer through the primary head's norm (a pre-norm stack's
+    # final norm, which finetuning then computes)
+    embedding_norm: bool = True
+    head_dense: bool = True
+    encode_norm: bool = False
 
     @property
     def perplexity(self) -> bool:
@@ -62,7 +70,7 @@ REGISTRY: dict[str, ModelFamily] = {f.name: f for f in (
     ModelFamily("decoder", "decoder-only (causal LM)", "minimodel.decoder:DecoderLM", Objective.CAUSAL,
                 position_offset=0, pooling="last", output_bias=False, norms=("layernorm", "rmsnorm"),
                 positions=("learned", "rotary"), activations=("gelu", "gelu_tanh", "swiglu"), untied=True,
-                unbiased=True, hf="minimodel.hf_decoder"),
+                unbiased=True, hf="minimodel.hf_decoder", embedding_norm=False, head_dense=False, encode_norm=True),
 )}
 DEFAULT = "encoder"
 
@@ -94,6 +102,15 @@ def hf_module(model_cfg: ModelConfig | str) -> Any:
 def predicted_share(cfg: ExperimentConfig) -> float:
     """The share of positions that reach the LM head (p in the FLOP formulas): data.mask_prob, or 1 (causal)."""
     return cfg.data.mask_prob if of(cfg.model).objective is Objective.MASKED else 1.0
+
+
+def predicted_rows(cfg: ExperimentConfig, sequences: int, seq_len: int) -> int:
+    """The positions of ``sequences`` blocks of ``seq_len`` tokens that reach the LM heads (the rows of their
+    logits): round(data.mask_prob x tokens) masked, or every position but each block's last (causal: the block
+    holds no next token for it)."""
+    if of(cfg.model).objective is Objective.MASKED:
+        return round(cfg.data.mask_prob * sequences * seq_len)
+    return sequences * (seq_len - 1)
 
 
 def causal(model_cfg: ModelConfig) -> bool:

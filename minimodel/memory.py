@@ -11,16 +11,23 @@ micro-batch after the first of an update, with the gradients of the earlier micr
   path, kept for the backward pass;
 * **activations**: what autograd saves for the backward pass of the layers the stage computes, at the stage's
   micro-batch and sequence length. Per token and layer (``a`` = 4 bytes in ``32-true``, 2 in the mixed
-  precisions, where LayerNorm inputs stay fp32 and every other saved tensor is an autocast copy): a layer whose
-  weights train keeps ``a (6h + 2f) + 4 (2h)`` bytes (its input, q/k/v, attention output, first LayerNorm
-  output, the FFN's two tensors; the two LayerNorm inputs), a frozen layer the gradient only flows through
-  ``a (4h + f) + 4 (2h)`` (a frozen linear map keeps no input); each adds two dropout masks (1 byte per
-  element on CUDA) and attention's log-sum-exp. Fused attention (flash / memory-efficient, what CUDA runs) keeps
-  no (T x T) matrix. Layers below the first trainable one keep nothing when the embeddings are frozen (the
-  bridge's copied layers; finetuning's embeddings); adaptation's frozen layers keep theirs because the gradient
-  flows down to the embeddings. The MLM heads see only the masked positions (``mask_prob`` x tokens rows, N):
-  per row and head their dense, GELU, LayerNorm and projection inputs as far as needed;
-* **logits**: each MLM head keeps its fp32 log-probabilities (N x V) for the backward pass;
+  precisions, where norm inputs stay fp32 and every other saved tensor is an autocast copy): a layer whose
+  weights train keeps ``a (6h + 2f) + 4 (2h)`` bytes (q/k/v and the attention output; the inputs of the two
+  linear maps that read a norm's output; the FFN activation's input and output; the two norm inputs), a frozen
+  layer the gradient only flows through ``a (4h + f) + 4 (2h)`` (a frozen linear map keeps no input); each adds two
+  dropout masks (1 byte per element on CUDA), attention's log-sum-exp and the norms' statistics. The decoder's
+  options add to this: rotary positions keep the rotated q and k (``2h``); SwiGLU keeps the FFN input map's
+  ``2f`` outputs and SiLU's ``f`` (``f`` more for the product when the output map trains); RMSNorm keeps one
+  statistic per row instead of two, and on the CPU, where it is composed of elementwise operations, its fp32
+  normalised input when its weight trains (torch's fused CUDA kernel keeps its input and statistic only: read in
+  torch's source, not measured here). Fused attention (flash / memory-efficient, what CUDA runs) keeps no (T x T)
+  matrix. Layers below the first trainable one keep nothing when the embeddings are frozen (the bridge's copied
+  layers; finetuning's embeddings); adaptation's frozen layers keep theirs because the gradient flows down to the
+  embeddings. The LM heads see only the positions that predict (N rows: ``mask_prob`` x tokens for a masked LM,
+  every position but a block's last for a causal one, ``families.predicted_rows``): per row and head their
+  dense, GELU, norm and projection inputs as far as needed (a decoder's head is its final norm and the
+  projection); a decoder's finetuning also runs the last layer's output through the final norm;
+* **logits**: each LM head keeps its fp32 log-probabilities (N x V) for the backward pass;
 * **backward**: the backward pass's own transient peak: the cross-entropy's two fp32 (N x V) gradients (one head
   at a time), or, where larger, the top layer's gradients with the embeddings' pending gradient.
 
@@ -28,7 +35,8 @@ micro-batch after the first of an update, with the gradients of the earlier micr
 besides: ``CONTEXT_GIB`` for the CUDA context, cuBLAS workspaces and NCCL buffers, and ``FRAGMENTATION`` of the
 total for the caching allocator's rounding and fragmentation.
 
-Not counted: ``torch.compile`` (it recomputes and fuses: a compiled stage needs less), padding (finetuning is
+Not counted: ``torch.compile`` (it recomputes and fuses: a compiled stage needs less), rotary positions' cos and
+sin tables (``seq_len x head_dim`` per layer, shared by the batch), padding (finetuning is
 planned at the longest ``max_len`` of its tasks, the most a batch can hold), the optimizer step's temporaries
 (fused AdamW has none; the step comes after the activations are freed), a finetuned mini-model (``body=mini``,
 smaller than the primary model) and pinned host memory. ``tests/test_memory.py`` holds the formula to live tensor
@@ -38,9 +46,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from minimodel import families
 from minimodel.config.schema import ExperimentConfig, ModelConfig
 from minimodel.errors import ConfigError
-from minimodel.families import predicted_share
+from minimodel.families import predicted_rows
 from minimodel.systems import Body, adapt_depth, adapt_phases, of
 
 GiB = 2**30
@@ -48,7 +57,7 @@ CONTEXT_GIB = 1.0  # CUDA context (~0.5 GiB), cuBLAS workspaces, NCCL buffers: o
 FRAGMENTATION = 0.10  # the caching allocator's rounding and fragmentation, as a share of the tensors
 ACT_BYTES = {"32-true": 4, "bf16-mixed": 2, "16-mixed": 2}  # bytes of a saved activation element
 QA_TASKS = ("mlqa", "xquad")  # the hub tasks with a span head (extractive QA)
-INDEX_BYTES = 16  # per masked row: its position and its target (int64)
+INDEX_BYTES = 16  # per predicting row: its position and its target (int64)
 
 
 @dataclass(frozen=True)
@@ -63,14 +72,15 @@ class StageModel:
     train_layers: int  # computed layers whose weights train (full activations)
     frozen_layers: int  # computed frozen layers the gradient flows through (activations for the input gradient)
     embeddings: str  # what the embedding layer keeps: train | grad (frozen, the gradient flows through) | none
-    heads: int  # MLM heads computed by one forward pass (0: finetuning's task head)
-    head_kind: str  # train (every weight trains) | adapt (only the tied projection and bias) | frozen
+    heads: int  # LM heads computed by one forward pass (0: finetuning's task head)
+    head_kind: str  # train (every weight trains) | adapt (only the output projection and bias) | frozen
     vocab: int  # rows of the token embeddings (the target vocabulary in adaptation)
     seq_len: int
     micro_batch: int  # 0: a stage this experiment does not run (MiniPost's pretraining is BL_BASE's)
     global_batch: int
     precision: str
     span_head: bool = False  # finetuning an extractive QA task: the span head keeps the last layer's output
+    final_norm: bool = False  # finetuning reads the last layer through the primary head's (frozen) norm
 
 
 @dataclass(frozen=True)
@@ -109,21 +119,52 @@ class MemoryEstimate:
 # ------------------------------------------------------------------------------------------ parameter counts
 
 
+def norm_params(m: ModelConfig) -> int:
+    """One norm: a LayerNorm's weight and bias (its weight only with ``model.bias: false``), an RMSNorm's weight."""
+    return m.hidden * (2 if m.norm == "layernorm" and m.bias else 1)
+
+
+def gated(m: ModelConfig) -> bool:
+    """SwiGLU: the FFN's input map computes a gate and an up projection (2 x ffn outputs)."""
+    return m.activation == "swiglu"
+
+
+def ffn_in_width(m: ModelConfig) -> int:
+    return (2 if gated(m) else 1) * m.ffn
+
+
 def embedding_params(m: ModelConfig, vocab: int) -> int:
-    return vocab * m.hidden + m.max_positions * m.hidden + 2 * m.hidden
+    """Token embeddings, learned position embeddings (rotary positions have none) and RoBERTa's LayerNorm."""
+    positions = m.max_positions if m.positions == "learned" else 0
+    return (vocab + positions) * m.hidden + (norm_params(m) if families.of(m).embedding_norm else 0)
 
 
 def layer_params(m: ModelConfig) -> int:
-    return layer_linear(m) + 9 * m.hidden + m.ffn  # + the biases and two LayerNorms
+    biases = 5 * m.hidden + ffn_in_width(m) if m.bias else 0  # qkv (3h), both output maps (h each), FFN input
+    return layer_linear(m) + 2 * norm_params(m) + biases
 
 
 def layer_linear(m: ModelConfig) -> int:
-    return 4 * m.hidden**2 + 2 * m.hidden * m.ffn  # qkv, attention output, FFN in and out
+    return 4 * m.hidden**2 + m.hidden * ffn_in_width(m) + m.ffn * m.hidden  # qkv, attention output, FFN in and out
+
+
+def head_linear(m: ModelConfig) -> int:
+    """The weights of an LM head's own linear maps: RoBERTa's dense layer (a decoder's head has none)."""
+    return m.hidden**2 if families.of(m).head_dense else 0
 
 
 def head_params(m: ModelConfig, vocab: int, bias: bool = True) -> int:
-    """An MLM head: dense, LayerNorm and output bias (its projection is the tied token embeddings)."""
-    return m.hidden**2 + 3 * m.hidden + (vocab if bias else 0)
+    """An LM head without its output projection (``output_params``): RoBERTa's dense layer, LayerNorm and output
+    bias (``bias``: the head's own; adaptation ties every head's into one), a decoder's final norm."""
+    f = families.of(m)
+    dense = head_linear(m) + (m.hidden if f.head_dense else 0)
+    return dense + norm_params(m) + (vocab if bias and f.output_bias else 0)
+
+
+def output_params(m: ModelConfig, vocab: int) -> int:
+    """The output projection where it is not the token embeddings (``model.tie_embeddings: false``): one matrix,
+    the primary head's, shared by every head; 0 when tied (counted with the embeddings)."""
+    return 0 if m.tie_embeddings else vocab * m.hidden
 
 
 def task_head_params(hidden: int, qa: bool, labels: int = 3) -> int:
@@ -146,32 +187,37 @@ def stage_models(cfg: ExperimentConfig) -> list[StageModel]:
     bottom layers or the bridged mini-model; with ``adapt.schedule`` its deepest phase) over the target
     vocabulary; finetuning the primary model at the longest ``max_len`` of its tasks, embeddings frozen."""
     s, m, d = of(cfg), cfg.model, cfg.data
+    lm = "LM" if families.causal(m) else "MLM"
     out: list[StageModel] = []
     if "pretrain" in s.steps():
         p, heads = cfg.pretrain.optim, len(m.head_names)
-        params = embedding_params(m, m.vocab_size) + m.layers * layer_params(m) + heads * head_params(m, m.vocab_size)
+        params = (embedding_params(m, m.vocab_size) + m.layers * layer_params(m)
+                  + heads * head_params(m, m.vocab_size) + output_params(m, m.vocab_size))
         out.append(StageModel(
-            "pretrain", f"{m.layers} layers, {heads} MLM head{'s' if heads > 1 else ''}", params, params,
-            m.layers * layer_linear(m) + heads * m.hidden**2 + m.vocab_size * m.hidden, m.layers, 0, "train", heads,
-            "train", m.vocab_size, d.seq_len, p.micro_batch, p.global_batch, cfg.pretrain.trainer.precision))
+            "pretrain", f"{m.layers} layers, {heads} {lm} head{'s' if heads > 1 else ''}", params, params,
+            m.layers * layer_linear(m) + heads * head_linear(m) + m.vocab_size * m.hidden, m.layers, 0, "train",
+            heads, "train", m.vocab_size, d.seq_len, p.micro_batch, p.global_batch, cfg.pretrain.trainer.precision))
     elif s.primary_from:
         out.append(StageModel("pretrain", f"{s.primary_from}'s (shared)", 0, 0, 0, 0, 0, "none", 0, "train",
                               m.vocab_size, d.seq_len, 0, 0, cfg.pretrain.trainer.precision))
     if s.bridge:
         b = cfg.bridge
-        params = embedding_params(m, m.vocab_size) + (b.depth + b.layers) * layer_params(m) + head_params(m, m.vocab_size)
+        params = (embedding_params(m, m.vocab_size) + (b.depth + b.layers) * layer_params(m)
+                  + head_params(m, m.vocab_size) + output_params(m, m.vocab_size))
         out.append(StageModel(
             "bridge", f"{b.depth} copied + {b.layers} trained layers", params, b.layers * layer_params(m),
-            b.layers * layer_linear(m) + m.hidden**2 + m.vocab_size * m.hidden, b.layers, 0, "none", 1, "frozen",
+            b.layers * layer_linear(m) + head_linear(m) + m.vocab_size * m.hidden, b.layers, 0, "none", 1, "frozen",
             m.vocab_size, d.seq_len, b.optim.micro_batch, b.optim.global_batch, b.trainer.precision))
     a, vocab, depth = cfg.adapt.optim, d.vocab_size, adapt_depth(cfg)
     heads = len(adapt_phases(cfg)) if cfg.adapt.schedule else 1  # a staged body holds every phase's head
     body = {Body.OWN: "whole model", Body.HEAD: "bottom layers", Body.BRIDGE: "bridged mini-model"}[s.body]
+    # trained: the new embeddings, the heads' one output bias (tie_biases) and an untied output projection
+    learned = vocab * m.hidden + (vocab if families.of(m).output_bias else 0) + output_params(m, vocab)
     out.append(StageModel(
         "adapt", f"{depth} layers ({body}), vocab {vocab:,}",
-        embedding_params(m, vocab) + depth * layer_params(m) + heads * head_params(m, vocab, bias=False) + vocab,
-        vocab * m.hidden + vocab, depth * layer_linear(m) + m.hidden**2 + vocab * m.hidden, 0, depth, "grad", 1,
-        "adapt", vocab, d.seq_len, a.micro_batch, a.global_batch, cfg.adapt.trainer.precision))
+        embedding_params(m, vocab) + depth * layer_params(m) + heads * head_params(m, vocab, bias=False)
+        + learned - vocab * m.hidden, learned, depth * layer_linear(m) + head_linear(m) + vocab * m.hidden, 0, depth,
+        "grad", 1, "adapt", vocab, d.seq_len, a.micro_batch, a.global_batch, cfg.adapt.trainer.precision))
     f = cfg.finetune
     if f.tasks:
         task = max(f.tasks, key=lambda t: cfg.tasks[t].max_len)
@@ -179,10 +225,11 @@ def stage_models(cfg: ExperimentConfig) -> list[StageModel]:
         head = task_head_params(m.hidden, qa)
         out.append(StageModel(
             "finetune", f"{m.layers} layers, {task} (max_len {cfg.tasks[task].max_len})",
-            embedding_params(m, m.vocab_size) + m.layers * layer_params(m) + head_params(m, m.vocab_size) + head,
+            embedding_params(m, m.vocab_size) + m.layers * layer_params(m) + head_params(m, m.vocab_size)
+            + output_params(m, m.vocab_size) + head,
             m.layers * layer_params(m) + head, m.layers * layer_linear(m) + (0 if qa else m.hidden**2), m.layers, 0,
             "none", 0, "train", m.vocab_size, cfg.tasks[task].max_len, f.micro_batch, f.batch_size,
-            f.trainer.precision, span_head=qa))
+            f.trainer.precision, span_head=qa, final_norm=families.of(m).encode_norm))
     return out
 
 
@@ -202,40 +249,64 @@ def mask_bytes(device: str, a: int) -> int:
     return 1 if device == "cuda" else a
 
 
+def norm_bytes(m: ModelConfig, trains: bool, device: str = "cuda") -> int:
+    """Bytes one norm keeps per row: its fp32 input and statistics (LayerNorm: mean and 1/std; RMSNorm: 1/rms)
+    and, on the CPU, where RMSNorm is composed of elementwise operations, its fp32 normalised input for its
+    weight's gradient (torch's fused CUDA kernel recomputes it)."""
+    if m.norm == "rmsnorm":
+        return 4 * m.hidden + 4 + (4 * m.hidden if trains and device != "cuda" else 0)
+    return 4 * m.hidden + 8
+
+
 def layer_activation_bytes(m: ModelConfig, a: int, trains: bool, device: str = "cuda") -> int:
-    """Bytes one layer saves per token (see the module's docstring)."""
+    """Bytes one layer saves per token (see the module's docstring): ``a``-byte elements (the inputs of the linear
+    maps that read a norm's output where they train, q/k/v, rotary's rotated q and k, the attention output, the
+    FFN's activation inputs and, where the output map trains, the tensor it reads), two norms, two dropout masks
+    and attention's log-sum-exp."""
     h, f = m.hidden, m.ffn
-    saved = a * (6 * h + 2 * f) if trains else a * (4 * h + f)
-    return saved + 4 * 2 * h + 2 * h * mask_bytes(device, a) + 4 * (m.heads + 4)  # + log-sum-exp, LayerNorm stats
+    normed = 2 * h if trains else 0
+    attention = 3 * h + (2 * h if m.positions == "rotary" else 0) + h
+    ffn = ffn_in_width(m) + (f if gated(m) else 0) + (f if trains else 0)  # SwiGLU: SiLU's output too
+    return (a * (normed + attention + ffn) + 2 * norm_bytes(m, trains, device) + 2 * h * mask_bytes(device, a)
+            + 4 * m.heads)
 
 
 def embedding_activation_bytes(m: ModelConfig, kind: str, device: str = "cuda") -> int:
-    """Per token: the embedding LayerNorm's fp32 input and statistics, its dropout mask (of an fp32 tensor) and,
-    when the position embeddings train, their int64 indices."""
+    """Per token: the dropout mask (of an fp32 tensor) and RoBERTa's embedding layer: its LayerNorm's and, when
+    the position embeddings train, their int64 indices (made per token from the input ids; a decoder's positions
+    0..T-1 are one row shared by the batch)."""
     if kind == "none":
         return 0
-    return 4 * m.hidden + mask_bytes(device, 4) * m.hidden + 8 + (8 if kind == "train" else 0)
+    roberta = norm_bytes(m, False, device) + (8 if kind == "train" else 0) if families.of(m).embedding_norm else 0
+    return mask_bytes(device, 4) * m.hidden + roberta
 
 
-def head_row_bytes(m: ModelConfig, a: int, kind: str) -> int:
-    """Per masked row and head: GELU's input, LayerNorm's fp32 input, and the inputs of the dense map and of the
-    projection where their weights train."""
-    copies = {"train": 3, "adapt": 2, "frozen": 1}[kind]
-    return a * copies * m.hidden + 4 * m.hidden
+def head_row_bytes(m: ModelConfig, a: int, kind: str, device: str = "cuda") -> int:
+    """Per predicting row and head: its norm (fp32 input and statistics) and the ``a``-byte inputs of RoBERTa's
+    GELU, of its dense map where it trains, and of the projection where it trains (a decoder's head: the norm
+    and the projection)."""
+    if families.of(m).head_dense:
+        copies = {"train": 3, "adapt": 2, "frozen": 1}[kind]
+    else:
+        copies = 0 if kind == "frozen" else 1
+    return a * copies * m.hidden + norm_bytes(m, kind == "train", device)
 
 
 def backward_bytes(m: ModelConfig, sm: StageModel, a: int, tokens: int, rows: int, device: str = "cuda") -> int:
     """The backward pass's transient peak over the saved tensors: the cross-entropy's two fp32 (N x V) gradients
-    at the first head, or, where larger, the top layer's: the FFN's two gradients and the residual's two fp32
-    ones, with the embeddings' gradient from the tied projection (pending until the embedding layer's backward),
-    less what is freed by then (the logits, the top layer's LayerNorm input and mask)."""
+    at the first head, or, where larger, the top layer's: the FFN's gradients and the residual's two fp32 ones,
+    with the embeddings' gradient from the tied projection (pending until the embedding layer's backward), less
+    what is freed by then (the logits, the top layer's norm input and mask)."""
     h, f = m.hidden, m.ffn
     head = 2 * rows * sm.vocab * 4
     if not sm.train_layers + sm.frozen_layers:
         return head
     pending = 4 * sm.vocab * h if sm.embeddings in ("train", "grad") else 0
     freed = sm.heads * rows * sm.vocab * 4 + tokens * (4 * h + mask_bytes(device, a) * h)
-    return max(head, tokens * (2 * f * a + 2 * h * 4) + pending - freed)
+    # the FFN's gradients at their peak: GELU's output and input (2f); SwiGLU's product and its two inputs (3f),
+    # less the product's own output, saved for the output map's weight gradient and freed by then, where it trains
+    ffn = (3 * f - (f if sm.train_layers else 0)) if gated(m) else 2 * f
+    return max(head, tokens * (ffn * a + 2 * h * 4) + pending - freed)
 
 
 def estimate(cfg: ExperimentConfig, sm: StageModel, micro_batch: int | None = None, gpus: int = 1,
@@ -247,12 +318,13 @@ def estimate(cfg: ExperimentConfig, sm: StageModel, micro_batch: int | None = No
     mb = sm.micro_batch if micro_batch is None else micro_batch
     a = act_bytes(sm)
     tokens = mb * sm.seq_len
-    rows = round(predicted_share(cfg) * tokens) if sm.heads else 0  # a causal LM: every token
+    rows = predicted_rows(cfg, mb, sm.seq_len) if sm.heads else 0
     act = tokens * (sm.train_layers * layer_activation_bytes(m, a, True, device)
                     + sm.frozen_layers * layer_activation_bytes(m, a, False, device)
                     + embedding_activation_bytes(m, sm.embeddings, device)
+                    + (norm_bytes(m, False, device) if sm.final_norm else 0)
                     + (a * m.hidden if sm.span_head else 0))
-    act += rows * (sm.heads * head_row_bytes(m, a, sm.head_kind) + INDEX_BYTES) if rows else 0
+    act += rows * (sm.heads * head_row_bytes(m, a, sm.head_kind, device) + INDEX_BYTES) if rows else 0
     return MemoryEstimate(
         stage=sm.stage, micro_batch=mb, seq_len=sm.seq_len, precision=sm.precision, gpus=gpus,
         weights=4 * sm.params, gradients=4 * sm.trainable, ddp_buckets=4 * sm.trainable if gpus > 1 else 0,

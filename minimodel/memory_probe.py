@@ -3,7 +3,8 @@ stage's real model, built from an experiment config with random weights as the s
 surgery and freezing), at the configured micro-batch, sequence length and precision.
 
 One update as the stages run it: two micro-batches (the second runs with the first's gradients there, as
-under gradient accumulation), the MLM loss of the stage's heads (finetuning: a task head's cross-entropy),
+under gradient accumulation), the LM loss of the stage's heads (masked, or the next token at every position
+but a block's last for a causal family; finetuning: a task head's cross-entropy),
 gradient clipping, AdamW (``build_optimizer``: fused on CUDA), ``zero_grad(set_to_none=True)``. The update is
 run once to create the optimizer's state, then measured.
 
@@ -27,8 +28,10 @@ from torch.utils._pytree import tree_leaves
 
 from minimodel.config.schema import PRIMARY, ExperimentConfig
 from minimodel.data.tokenizer import BOS, MASK
+from minimodel.families import build, causal
+from minimodel.families import of as family_of
 from minimodel.memory import is_qa
-from minimodel.model import IGNORE_INDEX, ClassificationHead, RobertaMLM, SpanHead
+from minimodel.model import IGNORE_INDEX, ClassificationHead, SpanHead
 from minimodel.surgery import (
     adaptation_trainable,
     build_minipost,
@@ -93,10 +96,11 @@ class StageUnderTest:
     micro_batch: int
     precision: str
     task_labels: int = 0  # finetuning: classes of the task head (0: a span head)
+    causal: bool = False  # LM labels are the next tokens (a causal family), not masked positions
 
 
-def mlm_loss(model: RobertaMLM, heads: list[str] | None = None) -> Callable[[dict[str, Tensor]], Tensor]:
-    """The MLM stages' loss: the mean of the heads' losses (``MLMModule``'s default weights)."""
+def mlm_loss(model: nn.Module, heads: list[str] | None = None) -> Callable[[dict[str, Tensor]], Tensor]:
+    """The LM stages' loss: the mean of the heads' losses (``MLMModule``'s default weights)."""
     def loss(batch: dict[str, Tensor]) -> Tensor:
         losses = model.mlm_losses(batch["input_ids"], batch["labels"], heads)
         return torch.stack(list(losses.values())).mean()
@@ -104,21 +108,22 @@ def mlm_loss(model: RobertaMLM, heads: list[str] | None = None) -> Callable[[dic
 
 
 def build_stage(cfg: ExperimentConfig, stage: str) -> StageUnderTest:
-    """The model ``stage`` trains, as ``stages/{stage}.py`` builds it (random weights)."""
-    m, d = cfg.model, cfg.data
+    """The model ``stage`` trains, as ``stages/{stage}.py`` builds it (random weights), of the config's model
+    family (``families.build``)."""
+    m, d, lm = cfg.model, cfg.data, causal(cfg.model)
     if stage == "pretrain":
-        model = RobertaMLM(m)
+        model = build(m)
         o = cfg.pretrain.optim
         return StageUnderTest(stage, model, mlm_loss(model), m.vocab_size, d.seq_len, o.micro_batch,
-                              cfg.pretrain.trainer.precision)
+                              cfg.pretrain.trainer.precision, causal=lm)
     if stage == "bridge":
         b = cfg.bridge
-        model = build_minipost(RobertaMLM(replace(m, mini_heads=[])), b.depth, b.layers, seed=b.trainer.seed)
+        model = build_minipost(build(replace(m, mini_heads=[])), b.depth, b.layers, seed=b.trainer.seed)
         return StageUnderTest(stage, model, mlm_loss(model), m.vocab_size, d.seq_len, b.optim.micro_batch,
-                              b.trainer.precision)
+                              b.trainer.precision, causal=lm)
     if stage == "adapt":
         kind = of(cfg).body
-        primary = RobertaMLM(m)
+        primary = build(m)
         if cfg.adapt.schedule:
             body, _ = staged_body(primary, [p.head for p in adapt_phases(cfg)])
         elif kind is Body.HEAD:
@@ -128,20 +133,22 @@ def build_stage(cfg: ExperimentConfig, stage: str) -> StageUnderTest:
         else:
             body = primary_only(primary)
         vocab = d.vocab_size
-        swap_embeddings(body, torch.randn(vocab, m.hidden) * m.init_std, torch.zeros(vocab))
+        output = None if m.tie_embeddings else torch.randn(vocab, m.hidden) * m.init_std  # init_output's shape
+        swap_embeddings(body, torch.randn(vocab, m.hidden) * m.init_std, torch.zeros(vocab), output)
         tie_biases(body)
         freeze_all_but(body, adaptation_trainable)
         o = cfg.adapt.optim
         return StageUnderTest(stage, body, mlm_loss(body, [PRIMARY]), vocab, d.seq_len, o.micro_batch,
-                              cfg.adapt.trainer.precision)
+                              cfg.adapt.trainer.precision, causal=lm)
     if stage == "finetune":
         from minimodel.stages.finetune import finetune_trainable
 
         task = max(cfg.finetune.tasks, key=lambda t: cfg.tasks[t].max_len)
-        body = primary_only(RobertaMLM(m))
+        body = primary_only(build(m))
         freeze_all_but(body, finetune_trainable)
         qa, labels = is_qa(cfg, task), 3
-        head: nn.Module = SpanHead(m.hidden) if qa else ClassificationHead(m.hidden, labels, m.dropout)
+        head: nn.Module = (SpanHead(m.hidden) if qa
+                           else ClassificationHead(m.hidden, labels, m.dropout, family_of(m).pooling))
         model = nn.ModuleDict({"body": body, "head": head})
 
         def loss(batch: dict[str, Tensor]) -> Tensor:
@@ -158,7 +165,8 @@ def build_stage(cfg: ExperimentConfig, stage: str) -> StageUnderTest:
 
 def make_batch(s: StageUnderTest, mask_prob: float, device: torch.device, seed: int = 0) -> dict[str, Tensor]:
     """Random tokens after <s>, no padding; MLM stages: exactly round(mask_prob x tokens) masked positions (the
-    plan's count) anywhere but on a <s>; finetuning: random labels and answer spans."""
+    plan's count) anywhere but on a <s>; causal LM stages: the next token at every position but the last
+    (``data.mlm``'s blocks); finetuning: random labels and answer spans."""
     g = torch.Generator().manual_seed(seed)
     b, t = s.micro_batch, s.seq_len
     ids = torch.randint(N_SPECIAL, s.vocab, (b, t), generator=g)
@@ -168,6 +176,8 @@ def make_batch(s: StageUnderTest, mask_prob: float, device: torch.device, seed: 
         out["label"] = torch.randint(0, max(1, s.task_labels), (b,), generator=g)
         out["start"] = torch.randint(0, t, (b,), generator=g)
         out["end"] = torch.randint(0, t, (b,), generator=g)
+    elif s.causal:
+        out["labels"] = torch.cat([ids[:, 1:], torch.full((b, 1), IGNORE_INDEX)], dim=1)
     else:
         positions = torch.arange(b * t)
         positions = positions[positions % t != 0]  # never a <s>
