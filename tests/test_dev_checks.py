@@ -116,7 +116,8 @@ def test_every_claim_states_its_coverage_and_its_verdict_in_each_language():
     assert cells[5] == "de, el (2)"
     # MiniJoint is faster in de (its speedup there is a number) and never reaches el's target: the per-language
     # column says so, whatever the average's verdict
-    assert cells[6].startswith("de ") and ("el not measured" in cells[6] or "el no interval" in cells[6])
+    assert cells[6] == "de held, el not held (never reaches the target)"
+    assert "(1/2 langs reach the target; never: el)" in cells[2]
     english = next(line for line in table.splitlines() if line.startswith("| Dual-head"))
     assert english.rstrip().endswith("| — |")
 
@@ -159,6 +160,25 @@ def test_focus_claims_speedup_combined_and_final_score():
     assert focus_claims(res, "t", {}, reps=50) == []
     assert not VariantInfo(depth=2, pretraining="minijoint", init="focus").plain
     assert VariantInfo(depth=2, pretraining="minijoint").plain
+
+
+def test_focus_claims_compare_with_the_twins_at_the_focus_rows_pretraining_seeds():
+    """The overlap twins pooled over two pretrainings (the study's BL_BASE and MiniJoint) while the FOCUS rows adapt
+    pretraining seed 1's models: the comparison keeps seed 1 only, paired, as if seed 2 were not there."""
+    second = [{**r, "pretrain_seed": 2, "value": r["value"] + 8.0} for r in focus_rows()
+              if r["system"] in ("bl_base", "minijoint")]
+    twins = {"bl_base@focus": "bl_base", "minijoint@focus": "minijoint"}
+    pooled = results_from_rows(focus_rows() + second, {"t": "accuracy"})
+    alone = results_from_rows(focus_rows(), {"t": "accuracy"})
+    for res in (pooled, alone):
+        res.set_baselines({("t", lang): {"accuracy": 30.0} for lang in ("de", "fr")})
+    assert len(pooled.by_seed[("bl_base", "t", "de")]) == 6  # the pooled twin: two pretrainings x three seeds
+    with_second = focus_claims(pooled, "t", twins, reps=200)
+    without = focus_claims(alone, "t", twins, reps=200)
+    assert [c.verdict for c in with_second] == [c.verdict for c in without]
+    final = with_second[2].ours
+    assert "bl_base@focus − bl_base: -0.5 [-0.5, -0.5], n=3/3 (pretraining seed 1)" in final  # paired: no spread
+    assert final.replace(" (pretraining seed 1)", "") == without[2].ours.replace(" (pretraining seed 1)", "")
 
 
 def test_a_report_shows_each_initialisations_step0_in_the_baselines():

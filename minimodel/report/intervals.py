@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from statistics import fmean as mean
 from typing import Any
 
@@ -45,6 +45,27 @@ def resample(res: Results, draws: Mapping[str, Sequence[Seeds]]) -> Results:
         if chosen:
             out.english_by_seed[key] = {(1, i): values[x] for i, x in enumerate(chosen)}
             out.english[key] = mean(values[x] for x in chosen)
+    out.seeds = {x for v in out.by_seed.values() for x in v}
+    return out
+
+
+def only_pretrainings(res: Results, systems_: Collection[str], keep: Collection[int]) -> Results:
+    """``res`` with the samples of ``systems_`` restricted to the pretraining seeds in ``keep`` (seed labels kept, so
+    systems built on the same finetuned models stay paired in ``bootstrap``); a system with none of them is dropped."""
+    out = replace(res, curves=dict(res.curves), by_seed=dict(res.by_seed), english=dict(res.english),
+                  english_by_seed=dict(res.english_by_seed))
+    for key, seeds in res.by_seed.items():
+        if key[0] in systems_:
+            kept = {x: c for x, c in seeds.items() if x[0] in keep}
+            del out.by_seed[key], out.curves[key]
+            if kept:
+                out.by_seed[key], out.curves[key] = kept, mean_curve(list(kept.values()))
+    for key, values in res.english_by_seed.items():
+        if key[0] in systems_:
+            kept_values = {x: v for x, v in values.items() if x[0] in keep}
+            del out.english_by_seed[key], out.english[key]
+            if kept_values:
+                out.english_by_seed[key], out.english[key] = kept_values, mean(kept_values.values())
     out.seeds = {x for v in out.by_seed.values() for x in v}
     return out
 
