@@ -10,7 +10,7 @@ from typing import Any
 
 from minimodel import atomic
 from minimodel.layout import Layout
-from minimodel.report.claims import claims_table, perplexity_claims
+from minimodel.report.claims import claims_table
 from minimodel.report.figures import plot_curves
 from minimodel.report.formatting import (
     BELOW,
@@ -25,6 +25,7 @@ from minimodel.report.formatting import (
 )
 from minimodel.report.intervals import BOOTSTRAP_REPS, seeds_of_system, time_to_target_interval
 from minimodel.report.marks import CLAIMS_MARGIN, claims_gate, flagged_all, flagged_targets, unchecked
+from minimodel.report.perplexity_claims import perplexity_claims
 from minimodel.report.reading import NEAR_MAX, REFERENCE, Results, inverse_perplexity, load_results
 from minimodel.report.selection import Checked, DevChecks, apply_checks, restrict
 from minimodel.report.statistics import MIN_DEFINED
