@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -153,11 +154,27 @@ def test_embeddings_alone_plug_into_the_primary_model(tiny_finetuned, tmp_path):
     assert main(["export", *args, "--embeddings", str(tmp_path / "nothing"), "--out", str(tmp_path / "y")]) == 2
 
 
+def named_offline_runs(directory: Path, names: list[str], timeout: float = 60.0) -> dict[str, list[Path]]:
+    """``wandb_results.offline_runs`` once every run in ``directory`` is named and ``names`` are all there: on a busy
+    machine wandb's service may still be writing a run's transaction log (its run record) when ``finish`` has
+    returned (a CI run read an unnamed ``offline-run-*`` there)."""
+    from minimodel.wandb_results import offline_runs
+
+    end = time.monotonic() + timeout
+    while True:
+        found = offline_runs(directory)
+        if set(names) <= set(found) and not any(k.startswith("offline-run-") for k in found):
+            return found
+        if time.monotonic() > end:
+            return found  # the caller's assertion shows what was there
+        time.sleep(0.5)
+
+
 def test_results_on_wandb_offline_read_back(tiny_finetuned, tmp_path, monkeypatch):
     """A tiny evaluation and report with wandb offline: the runs' logged values, read back from wandb's own
     transaction logs, are the results rows; the report run holds the report's tables."""
     from minimodel.results import ResultsTable
-    from minimodel.wandb_results import offline_runs, read_history
+    from minimodel.wandb_results import read_history
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     for k in ("WANDB_API_KEY", "WANDB_BASE_URL"):
@@ -169,7 +186,8 @@ def test_results_on_wandb_offline_read_back(tiny_finetuned, tmp_path, monkeypatc
     assert main(["evaluate", *wb]) == 0
     results = runs_dir / cfg.name / "bl_base"
     rows = ResultsTable(results / "results.jsonl").rows()
-    found = offline_runs(results)
+    expected = [f"bl_base:lohelp:{lang}:s{seed}" for lang in ("de", "en", "tr") for seed in (1, 2)]
+    found = named_offline_runs(results, expected)
     assert sorted(found) == sorted(f"bl_base:lohelp:{lang}:s{seed}" for lang in ("de", "en", "tr") for seed in (1, 2))
     history, _ = read_history(found["bl_base:lohelp:de:s1"][0])
     logged = [h for h in history if "lohelp/de/accuracy" in h]
@@ -189,7 +207,7 @@ def test_results_on_wandb_offline_read_back(tiny_finetuned, tmp_path, monkeypatc
         tuple(sorted(r.items())) for r in zero_shot)
 
     assert main(["report", *wb]) == 0
-    report = offline_runs(runs_dir / cfg.name)
+    report = named_offline_runs(runs_dir / cfg.name, ["report"])
     assert list(report) == ["report"]
     history, _ = read_history(report["report"][0])
     keys = {k.split("/")[1] for h in history for k in h if k.startswith("tables/")}
