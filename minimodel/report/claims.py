@@ -163,7 +163,7 @@ def _points(x: float) -> str:
     return "—" if math.isnan(x) else f"{x:+.1f}"
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
     return "—" if math.isnan(x) else f"{100 * x:.1f}%"
 
 
@@ -201,7 +201,7 @@ def claims(res: Results, task: str, depths: Mapping[str, int] | None = None, rep
         v = verdict(iv, above=0.97)
         if v == "held" and not cost <= 0.6:
             v = "not held"
-        out.append(Claim(claim, paper, rule, f"{_iv(iv, _pct)} at {_pct(cost)} of the cost, "
+        out.append(Claim(claim, paper, rule, f"{_iv(iv, pct)} at {pct(cost)} of the cost, "
                          f"{_n(res, REFERENCE, MINIPOST)}", v))
     else:
         out.append(Claim(claim, paper, rule, "—", "not measured"))

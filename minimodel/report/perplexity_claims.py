@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from minimodel.report.claims import MINIJOINT, MINIPOST, NOT_IN_PAPER, _pct
+from minimodel.report.claims import MINIJOINT, MINIPOST, NOT_IN_PAPER, pct
 from minimodel.report.formatting import fmt_speedup
 from minimodel.report.reading import REFERENCE, Results
 
@@ -36,7 +36,7 @@ def _ppl_claim2(res: Results, task: str, lang: str) -> tuple[str, str]:
     if mp is None or ref is None:
         return "—", "not measured"
     score, cost = mp.score / ref.score, mp.flops / ref.flops
-    return f"{_pct(score)} at {_pct(cost)} of the cost", "held" if score >= 0.97 and cost <= 0.6 else "not held"
+    return f"{pct(score)} at {pct(cost)} of the cost", "held" if score >= 0.97 and cost <= 0.6 else "not held"
 
 
 def perplexity_claims(res: Results, task: str) -> str:

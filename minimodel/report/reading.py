@@ -13,7 +13,7 @@ from statistics import fmean as mean
 from minimodel import systems
 from minimodel.config.schema import pooled_label
 from minimodel.layout import Layout
-from minimodel.report.curves import Point, time_to_target, uninformative_target
+from minimodel.report.curves import Point, mean_curve, time_to_target, uninformative_target
 from minimodel.report.statistics import Seeds, Stat, stat
 from minimodel.results import ResultsTable
 
@@ -260,8 +260,5 @@ def inverse_perplexity(res: Results, task: str) -> Results | None:
         kept = {s: [Point(p.step, p.flops, p.days, 1.0 / p.score) for p in seeds[s]] for s in first.values()}
         out.by_seed[key] = kept
         out.seeds |= set(kept)
-        steps = sorted({p.step for c in kept.values() for p in c})
-        by_step = {st: [p for c in kept.values() for p in c if p.step == st] for st in steps}
-        out.curves[key] = [Point(st, mean(p.flops for p in ps), mean(p.days for p in ps), mean(p.score for p in ps))
-                           for st, ps in by_step.items() if len(ps) == len(kept)]
+        out.curves[key] = mean_curve(list(kept.values()))
     return out
