@@ -37,7 +37,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	@# the editable install is meant (edits take effect at once): silence setuptools' notice about it
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e ".[dev,hf,focus]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e ".[dev,hf,focus,gguf]"
 	@touch $@
 
 setup: $(BIN)/.installed

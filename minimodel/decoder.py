@@ -2,12 +2,17 @@
 
 One file, no Lightning, no files, no languages; the same contract as ``model.RobertaMLM`` (``embeddings.tokens``,
 ``layers``, ``heads`` named ``primary`` / ``l{N}``, ``tie_weights``, ``hidden_states``, ``encode``, ``lm_losses``), so
-surgery, stages and evaluation work on it unchanged. The architecture covers GPT-2 and Llama:
+surgery, stages and evaluation work on it unchanged. The architecture covers GPT-2 and the Llama family as shipped
+(Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2):
 
 * pre-norm blocks (``model.norm``: LayerNorm, or RMSNorm), causal attention through
   ``scaled_dot_product_attention(is_causal=True)``, positions learned (``model.positions: learned``, GPT-2) or rotary
   (``rotary``, Llama's ``rotate_half`` layout), an FFN with GELU, GPT-2's tanh GELU or SwiGLU (``model.activation``),
-  biases or none (``model.bias``);
+  biases or none (``model.bias``), or on q, k, v only (``model.qkv_bias``, Qwen2);
+* grouped-query attention (``model.kv_heads``), a head width apart from hidden / heads (``model.head_size``), rope theta
+  and the rope scalings ``linear`` and ``llama3`` (``model.rope_scaling``), an RMSNorm over each head's queries and keys
+  (``model.qk_norm``, Qwen3); a sliding attention window (``model.sliding_window``, Mistral) needs no code: the
+  configuration refuses a sequence longer than the window, and within it the window is the full causal mask;
 * an LM head after layer N (``model.mini_heads``) is the final norm of its own and the output projection, so running
   it computes only layers 1..N; the output projection is the token embeddings (``model.tie_embeddings: true``) or
   one matrix of its own shared by every head (false: it lives in ``heads.primary.decoder``); no output bias.
@@ -18,6 +23,7 @@ read (the classification head reads the last real token, the LM loss only labell
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -40,16 +46,37 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rope_inv_freq(cfg: ModelConfig) -> Tensor:
+    """The rotary frequencies of one head (D/2,): theta^(-2i/D), then the model's rope scaling. ``linear`` divides every
+    frequency by the factor (positions read as t / factor). ``llama3`` (Llama 3.1) divides only the low frequencies,
+    those whose wavelength exceeds ``rope_original_max_positions / low_freq_factor``, keeps those whose wavelength is
+    below ``... / high_freq_factor``, and between the two blends the divided and the kept frequency linearly in
+    ``original / wavelength``: the same numbers as transformers' ``rope_type`` of those names."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if cfg.rope_scaling == "linear":
+        return inv_freq / cfg.rope_factor
+    if cfg.rope_scaling == "llama3":
+        factor, low, high = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+        original = cfg.rope_original_max_positions
+        wavelength = 2 * math.pi / inv_freq
+        smooth = (original / wavelength - low) / (high - low)  # < 0: low frequency, > 1: high frequency
+        blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
+        medium = (wavelength >= original / high) & (wavelength <= original / low)
+        return torch.where(medium, blended, scaled)
+    return inv_freq
+
+
 class Rotary(nn.Module):
     """Rotary position embeddings (Su et al., 2021) in the layout of Hugging Face's Llama (halves, not pairs)."""
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
     def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """q, k: (B, H, T, D), positions 0..T-1."""
+        """q (B, H, T, D), k (B, KV, T, D), positions 0..T-1."""
         t = torch.arange(q.shape[-2], device=q.device, dtype=torch.float32)
         freqs = torch.outer(t, self.inv_freq.to(q.device))  # (T, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -72,21 +99,27 @@ class Embeddings(nn.Module):
 
 
 class Layer(nn.Module):
-    """Pre-norm causal transformer block."""
+    """Pre-norm causal transformer block. Attention has ``heads`` query heads and ``key_value_heads`` key/value heads
+    (fewer: grouped-query attention, each key/value head serving ``heads / key_value_heads`` query heads), all of
+    width ``head_dim``; one projection computes [q; k; v] (widths attn_width, kv_width, kv_width)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.heads, self.head_dim, self.attn_dropout = cfg.heads, cfg.head_dim, cfg.attn_dropout
-        self.activation = cfg.activation
+        self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.key_value_heads, cfg.head_dim
+        self.attn_dropout, self.activation = cfg.attn_dropout, cfg.activation
+        self.split = (cfg.attn_width, cfg.kv_width, cfg.kv_width)
         self.attn_norm = norm(cfg)
-        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=cfg.bias)
-        self.attn_out = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
+        self.qkv = nn.Linear(cfg.hidden, sum(self.split), bias=cfg.bias or cfg.qkv_bias)
+        if cfg.qk_norm:  # Qwen3: one RMSNorm over head_dim, shared by the heads, on queries and on keys
+            self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.layer_norm_eps)
+            self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.layer_norm_eps)
+        self.attn_out = nn.Linear(cfg.attn_width, cfg.hidden, bias=cfg.bias)
         self.ffn_norm = norm(cfg)
         gated = cfg.activation == "swiglu"
         self.ffn_in = nn.Linear(cfg.hidden, (2 if gated else 1) * cfg.ffn, bias=cfg.bias)  # swiglu: [gate; up]
         self.ffn_out = nn.Linear(cfg.ffn, cfg.hidden, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta) if cfg.positions == "rotary" else None
+        self.rotary = Rotary(cfg) if cfg.positions == "rotary" else None
 
     def ffn(self, x: Tensor) -> Tensor:
         h = self.ffn_in(x)
@@ -95,14 +128,28 @@ class Layer(nn.Module):
             return self.ffn_out(F.silu(gate) * up)
         return self.ffn_out(F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none"))
 
-    def forward(self, x: Tensor) -> Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.attn_norm(x)).view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+    def attention(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).split(self.split, dim=-1)
+        q = q.view(B, T, self.heads, self.head_dim)  # (B, T, H, D)
+        k = k.view(B, T, self.kv_heads, self.head_dim)  # (B, T, KV, D)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
         if self.rotary is not None:
             q, k = self.rotary(q, k)
+        if self.kv_heads != self.heads:  # each key/value head repeated for its group of query heads
+            group = self.heads // self.kv_heads
+            k, v = (t[:, :, None].expand(B, self.kv_heads, group, T, self.head_dim).reshape(B, self.heads, T,
+                                                                                          self.head_dim)
+                    for t in (k, v))
         p = self.attn_dropout if self.training else 0.0
         a = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, D)
-        x = x + self.dropout(self.attn_out(a.transpose(1, 2).reshape(B, T, C)))
+        return self.attn_out(a.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.dropout(self.attention(self.attn_norm(x)))
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 

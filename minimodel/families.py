@@ -47,6 +47,7 @@ class ModelFamily:
     activations: tuple[str, ...] = ("gelu",)
     untied: bool = False
     unbiased: bool = False
+    llama: bool = False  # accepts the options of the Llama family as shipped (ModelConfig.llama_options)
     hf: str = ""  # the module of its Hugging Face import (``from_hf``) and export (``to_hf``); "" = none
     in_paper: bool = False  # the paper's experiments use this family (its claims' figures are about it)
     # its structure, for the memory plan's counts (``memory.py``): the embedding layer ends with a LayerNorm and makes
@@ -70,7 +71,7 @@ REGISTRY: dict[str, ModelFamily] = {f.name: f for f in (
     ModelFamily("decoder", "decoder-only (causal LM)", "minimodel.decoder:DecoderLM", Objective.CAUSAL,
                 position_offset=0, pooling="last", output_bias=False, norms=("layernorm", "rmsnorm"),
                 positions=("learned", "rotary"), activations=("gelu", "gelu_tanh", "swiglu"), untied=True,
-                unbiased=True, hf="minimodel.hf_decoder", embedding_norm=False, head_dense=False, encode_norm=True),
+                unbiased=True, llama=True, hf="minimodel.hf_decoder", embedding_norm=False, head_dense=False, encode_norm=True),
 )}
 DEFAULT = "encoder"
 
@@ -132,6 +133,19 @@ def check_model(cfg: ExperimentConfig, fail: Any) -> None:
         fail(f"model.tie_embeddings=false: model.family={f.name} ties its output projection to the embeddings")
     if not m.bias and not f.unbiased:
         fail(f"model.bias=false: model.family={f.name} has biases")
+    options = m.llama_options()
+    if options and not f.llama:
+        listed = ", ".join(f"model.{k}={v!r}" for k, v in options.items())
+        fail(f"{listed}: options of the Llama family (model.family=decoder), not of model.family={f.name}")
+    if m.rope_scaling != "none" and m.positions != "rotary":
+        fail(f"model.rope_scaling={m.rope_scaling!r} scales rotary positions: it needs model.positions=rotary")
+    if m.sliding_window:
+        longest = {"data.seq_len": cfg.data.seq_len}
+        longest.update({f"tasks.{t}.max_len": cfg.tasks[t].max_len for t in cfg.finetune.tasks if t in cfg.tasks})
+        for key, length in longest.items():
+            if length > m.sliding_window:
+                fail(f"{key} ({length}) exceeds model.sliding_window ({m.sliding_window}): minimodel attends over "
+                     f"the whole causal context, which equals the window only up to its length")
     need = cfg.data.seq_len + f.position_offset
     if m.positions == "learned" and m.max_positions < need:
         extra = f" + {f.position_offset}" if f.position_offset else ""

@@ -43,8 +43,11 @@ from torch import Tensor
 
 from minimodel.config.schema import PRIMARY, ModelConfig
 from minimodel.decoder import DecoderLM
+from minimodel.gguf import gguf_summary, hf_source
 from minimodel.hf import _not_plain_data, _transformers, _weights
+from minimodel.log import get_logger
 
+log = get_logger(__name__)
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 
 
@@ -60,9 +63,61 @@ def _pad(hf_config: Any) -> int:
     return 0 if pad is None else pad
 
 
-def _rope_theta(hf_config: Any) -> float:
-    params = getattr(hf_config, "rope_parameters", None) or {}
-    return float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10_000.0)))
+LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+"""The ``model_type`` values of the Llama family: one architecture (RMSNorm, rotary, SwiGLU, no biases) with
+grouped-query attention and a free head width, plus q/k/v biases (qwen2), per-head q/k RMSNorm (qwen3) and a sliding
+attention window (mistral; qwen2/3 where ``use_sliding_window``)."""
+ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}  # transformers' rope_type -> model.rope_scaling
+
+
+def _rope(hf_config: Any) -> dict[str, Any]:
+    """transformers' rope settings: ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling`` (4)."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10_000.0))
+    params["rope_type"] = params.get("rope_type", params.get("type", "default")) or "default"
+    return params
+
+
+def _window(hf_config: Any, kind: str) -> int:
+    """The sliding attention window of any layer (0: none)."""
+    window = getattr(hf_config, "sliding_window", None)
+    if kind in ("qwen2", "qwen3"):
+        sliding = "sliding_attention" in (getattr(hf_config, "layer_types", None) or [])
+        window = window if sliding or getattr(hf_config, "use_sliding_window", False) else None
+    return int(window or 0)
+
+
+def _llama_like(hf_config: Any, kind: str, refuse: Any) -> ModelConfig:
+    heads, hidden = int(hf_config.num_attention_heads), int(hf_config.hidden_size)
+    rope = _rope(hf_config)
+    checks = [("hidden_act", hf_config.hidden_act, ("silu",)), ("mlp_bias", bool(getattr(hf_config, "mlp_bias", False)), (False,)),
+              ("attention_bias", bool(getattr(hf_config, "attention_bias", False)), (False,)),
+              ("rope_type", rope["rope_type"], tuple(ROPE_TYPES))]
+    for name, value, allowed in checks:
+        if value not in allowed:
+            raise refuse(name, value, f"in {list(allowed)}")
+    head_dim = int(getattr(hf_config, "head_dim", None) or hidden // heads)
+    kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
+    return ModelConfig(
+        family="decoder", norm="rmsnorm", positions="rotary", activation="swiglu", bias=False,
+        tie_embeddings=bool(hf_config.tie_word_embeddings), vocab_size=int(hf_config.vocab_size), hidden=hidden,
+        layers=int(hf_config.num_hidden_layers), heads=heads, ffn=int(hf_config.intermediate_size),
+        max_positions=int(hf_config.max_position_embeddings), dropout=0.0,
+        attn_dropout=float(getattr(hf_config, "attention_dropout", 0.0)),
+        layer_norm_eps=float(hf_config.rms_norm_eps), pad_id=_pad(hf_config),
+        init_std=float(hf_config.initializer_range), rope_theta=float(rope["rope_theta"]),
+        kv_heads=0 if kv_heads == heads else kv_heads,
+        head_size=0 if head_dim * heads == hidden else head_dim, rope_scaling=ROPE_TYPES[rope["rope_type"]],
+        rope_factor=float(rope.get("factor", 1.0)), rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
+        rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+        rope_original_max_positions=int(rope.get("original_max_position_embeddings", 8192)),
+        qkv_bias=kind == "qwen2", qk_norm=kind == "qwen3", sliding_window=_window(hf_config, kind))
+
+
+def hf_type(cfg: ModelConfig) -> str:
+    """The transformers ``model_type`` a Llama-family config exports to: qwen3 (q/k norm), qwen2 (q/k/v biases),
+    mistral (a sliding window), else llama (which covers grouped-query attention, head width and rope scaling)."""
+    return "qwen3" if cfg.qk_norm else "qwen2" if cfg.qkv_bias else "mistral" if cfg.sliding_window else "llama"
 
 
 def hf_config_to_model_config(hf_config: Any, source: str = "hf config") -> ModelConfig:
@@ -90,28 +145,9 @@ def hf_config_to_model_config(hf_config: Any, source: str = "hf config") -> Mode
             dropout=float(hf_config.resid_pdrop), attn_dropout=float(hf_config.attn_pdrop),
             layer_norm_eps=float(hf_config.layer_norm_epsilon), pad_id=_pad(hf_config),
             init_std=float(hf_config.initializer_range))
-    if kind == "llama":
-        heads, hidden = int(hf_config.num_attention_heads), int(hf_config.hidden_size)
-        checks = [("hidden_act", hf_config.hidden_act, ("silu",)),
-                  ("num_key_value_heads", int(getattr(hf_config, "num_key_value_heads", None) or heads), (heads,)),
-                  ("head_dim", int(getattr(hf_config, "head_dim", None) or hidden // heads), (hidden // heads,)),
-                  ("attention_bias", bool(getattr(hf_config, "attention_bias", False)), (False,)),
-                  ("mlp_bias", bool(getattr(hf_config, "mlp_bias", False)), (False,))]
-        params = getattr(hf_config, "rope_parameters", None) or {}
-        scaling = params.get("rope_type", "default") if params else (getattr(hf_config, "rope_scaling", None) or "default")
-        checks.append(("rope scaling", scaling, ("default",)))
-        for name, value, allowed in checks:
-            if value not in allowed:
-                raise refuse(name, value, f"in {list(allowed)}")
-        return ModelConfig(
-            family="decoder", norm="rmsnorm", positions="rotary", activation="swiglu", bias=False,
-            tie_embeddings=bool(hf_config.tie_word_embeddings), vocab_size=int(hf_config.vocab_size), hidden=hidden,
-            layers=int(hf_config.num_hidden_layers), heads=heads, ffn=int(hf_config.intermediate_size),
-            max_positions=int(hf_config.max_position_embeddings), dropout=0.0,
-            attn_dropout=float(getattr(hf_config, "attention_dropout", 0.0)),
-            layer_norm_eps=float(hf_config.rms_norm_eps), pad_id=_pad(hf_config),
-            init_std=float(hf_config.initializer_range), rope_theta=_rope_theta(hf_config))
-    raise refuse("model_type", kind, "in ['gpt2', 'llama'] for model.family=decoder")
+    if kind in LLAMA_TYPES:
+        return _llama_like(hf_config, kind, refuse)
+    raise refuse("model_type", kind, f"in {['gpt2', *LLAMA_TYPES]} for model.family=decoder")
 
 
 def _gpt2_map(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
@@ -133,7 +169,7 @@ def _gpt2_map(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
 
 
 def _llama_map(cfg: ModelConfig) -> dict[str, list[str]]:
-    """Our parameter -> Llama's (several: concatenated on the output dimension)."""
+    """Our parameter -> the Llama family's (several: concatenated on the output dimension, ``_llama_split``)."""
     m = {"embeddings.tokens.weight": ["model.embed_tokens.weight"], f"heads.{PRIMARY}.norm.weight": ["model.norm.weight"]}
     if not cfg.tie_embeddings:
         m[f"heads.{PRIMARY}.decoder.weight"] = ["lm_head.weight"]
@@ -142,10 +178,23 @@ def _llama_map(cfg: ModelConfig) -> dict[str, list[str]]:
         m[f"layers.{i}.attn_norm.weight"] = [h + "input_layernorm.weight"]
         m[f"layers.{i}.ffn_norm.weight"] = [h + "post_attention_layernorm.weight"]
         m[f"layers.{i}.qkv.weight"] = [f"{h}self_attn.{n}_proj.weight" for n in "qkv"]
+        if cfg.qkv_bias:
+            m[f"layers.{i}.qkv.bias"] = [f"{h}self_attn.{n}_proj.bias" for n in "qkv"]
+        if cfg.qk_norm:
+            m[f"layers.{i}.q_norm.weight"] = [h + "self_attn.q_norm.weight"]
+            m[f"layers.{i}.k_norm.weight"] = [h + "self_attn.k_norm.weight"]
         m[f"layers.{i}.attn_out.weight"] = [h + "self_attn.o_proj.weight"]
         m[f"layers.{i}.ffn_in.weight"] = [h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"]
         m[f"layers.{i}.ffn_out.weight"] = [h + "mlp.down_proj.weight"]
     return m
+
+
+def _llama_split(cfg: ModelConfig, mine: str, n: int) -> list[int]:
+    """The widths of the ``n`` parts our tensor ``mine`` concatenates (q, k, v: the query width then two key/value
+    widths; gate and up: ffn each)."""
+    if n == 3:
+        return [cfg.attn_width, cfg.kv_width, cfg.kv_width]
+    return [cfg.ffn] * n if n > 1 else [-1]
 
 
 def _is_gpt2(cfg: ModelConfig) -> bool:
@@ -170,23 +219,28 @@ def our_state_dict_to_hf(model: DecoderLM) -> dict[str, Tensor]:
     else:
         hf = {}
         for mine, theirs in _llama_map(cfg).items():
-            hf.update(zip(theirs, sd[mine].chunk(len(theirs), dim=0)))
+            parts = [sd[mine]] if len(theirs) == 1 else sd[mine].split(_llama_split(cfg, mine, len(theirs)), dim=0)
+            hf.update(zip(theirs, (p.contiguous() for p in parts)))
     if cfg.tie_embeddings:
         hf["lm_head.weight"] = sd["embeddings.tokens.weight"]
     return hf
 
 
 def from_hf(path: str | Path) -> DecoderLM:
-    """Load a HF ``GPT2LMHeadModel`` / ``LlamaForCausalLM`` (local directory or hub id) as ``DecoderLM``; its logits
-    match the HF model's (eval mode) up to float rounding."""
+    """Load a Hugging Face causal LM of the decoder family (``GPT2LMHeadModel``, or a Llama-family model: Llama,
+    Mistral, Qwen2, Qwen3; a local directory, a hub id, or a GGUF file / a directory holding one, dequantised to
+    float32 on load) as ``DecoderLM``; its logits match the HF model's (eval mode) up to float rounding."""
     tf = _transformers()
     source = str(path)
-    hf_config = tf.AutoConfig.from_pretrained(source)
+    where, options = hf_source(source)
+    hf_config = tf.AutoConfig.from_pretrained(where, **options)
     cfg = hf_config_to_model_config(hf_config, source)
-    cls = tf.GPT2LMHeadModel if _is_gpt2(cfg) else tf.LlamaForCausalLM
-    weights, options = _weights(source)
+    weights, more = ("", {}) if options else _weights(where)
+    if options:
+        log.info(f"{source}: {gguf_summary(where, options['gguf_file'])}; dequantised to float32")
     try:
-        hf_model, info = cls.from_pretrained(source, config=hf_config, output_loading_info=True, **options)
+        hf_model, info = tf.AutoModelForCausalLM.from_pretrained(where, config=hf_config, output_loading_info=True,
+                                                                 dtype=torch.float32, **more, **options)
     except pickle.UnpicklingError as e:
         raise _not_plain_data(weights or f"the weights of {source} (pytorch_model.bin)", e) from e
     missing = sorted(set(info.get("missing_keys", ())) - ({"lm_head.weight"} if cfg.tie_embeddings else set()))
@@ -198,11 +252,33 @@ def from_hf(path: str | Path) -> DecoderLM:
     return model.eval()
 
 
+def _rope_scaling(cfg: ModelConfig) -> dict[str, Any] | None:
+    if cfg.rope_scaling == "none":
+        return None
+    scaling: dict[str, Any] = {"rope_type": cfg.rope_scaling, "factor": cfg.rope_factor}
+    if cfg.rope_scaling == "llama3":
+        scaling.update(low_freq_factor=cfg.rope_low_freq_factor, high_freq_factor=cfg.rope_high_freq_factor,
+                       original_max_position_embeddings=cfg.rope_original_max_positions)
+    return scaling
+
+
+def _window_options(kind: str, window: int) -> dict[str, Any]:
+    """A sliding window in transformers' terms: Mistral's ``sliding_window``; Qwen's ``use_sliding_window`` on every
+    layer (``max_window_layers`` 0: the sequences minimodel runs fit the window, so which layers slide is moot)."""
+    if kind == "mistral":
+        return {"sliding_window": window or None}
+    if kind in ("qwen2", "qwen3"):
+        return {"use_sliding_window": True, "sliding_window": window, "max_window_layers": 0} if window else \
+            {"use_sliding_window": False}
+    return {}
+
+
 def hf_config(cfg: ModelConfig, bos: int, eos: int, pad: int) -> Any:
-    """The ``GPT2Config`` / ``LlamaConfig`` of ``cfg``; ValueError for options neither model has."""
+    """The transformers config of ``cfg`` (``GPT2Config``, or ``LlamaConfig`` / ``MistralConfig`` / ``Qwen2Config`` /
+    ``Qwen3Config`` by ``hf_type``); ValueError for options none of them has."""
     tf = _transformers()
     if cfg.positions == "learned" and cfg.norm == "layernorm" and cfg.bias and cfg.tie_embeddings and \
-            cfg.activation in ("gelu_tanh", "gelu"):
+            cfg.activation in ("gelu_tanh", "gelu") and not cfg.llama_options():
         return tf.GPT2Config(
             vocab_size=cfg.vocab_size, n_embd=cfg.hidden, n_layer=cfg.layers, n_head=cfg.heads, n_inner=cfg.ffn,
             n_positions=cfg.max_positions, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout,
@@ -210,26 +286,32 @@ def hf_config(cfg: ModelConfig, bos: int, eos: int, pad: int) -> Any:
             activation_function="gelu_new" if cfg.activation == "gelu_tanh" else "gelu", bos_token_id=bos,
             eos_token_id=eos, pad_token_id=pad, tie_word_embeddings=True)
     if cfg.positions == "rotary" and cfg.norm == "rmsnorm" and not cfg.bias and cfg.activation == "swiglu":
-        return tf.LlamaConfig(
+        kind = hf_type(cfg)
+        cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config,
+               "qwen3": tf.Qwen3Config}[kind]
+        extra: dict[str, Any] = {"attention_bias": False} if kind in ("llama", "qwen3") else {}
+        return cls(
             vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
-            num_attention_heads=cfg.heads, num_key_value_heads=cfg.heads, intermediate_size=cfg.ffn,
-            max_position_embeddings=cfg.max_positions, rms_norm_eps=cfg.layer_norm_eps,
+            num_attention_heads=cfg.heads, num_key_value_heads=cfg.key_value_heads, head_dim=cfg.head_dim,
+            intermediate_size=cfg.ffn, max_position_embeddings=cfg.max_positions, rms_norm_eps=cfg.layer_norm_eps,
             initializer_range=cfg.init_std, hidden_act="silu", attention_dropout=cfg.attn_dropout,
-            rope_theta=cfg.rope_theta, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
-            tie_word_embeddings=cfg.tie_embeddings)
+            rope_theta=cfg.rope_theta, rope_scaling=_rope_scaling(cfg), bos_token_id=bos, eos_token_id=eos,
+            pad_token_id=pad, tie_word_embeddings=cfg.tie_embeddings, **extra,
+            **_window_options(kind, cfg.sliding_window))
     raise ValueError(f"a decoder with norm={cfg.norm}, positions={cfg.positions}, activation={cfg.activation}, "
                      f"bias={cfg.bias}, tie_embeddings={cfg.tie_embeddings} is neither GPT-2 (layernorm, learned, "
-                     f"gelu_tanh, biases, tied) nor Llama (rmsnorm, rotary, swiglu, no biases): no transformers class")
+                     f"gelu_tanh, biases, tied) nor of the Llama family (rmsnorm, rotary, swiglu, no biases): no "
+                     f"transformers class")
 
 
 def to_hf(model: DecoderLM, path: str | Path, bos: int = 0, eos: int = 2, pad: int = 1) -> None:
-    """Save ``model`` (its primary head) as a HF ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` directory, which
-    ``AutoModelForCausalLM`` loads; ``bos`` / ``eos`` / ``pad``: the ids of the tokenizer shipped with it (by default
-    a SentencePiece model's <s> 0, </s> 2, <pad> 1: what ``minimodel export`` writes, whatever the source model's
-    tokenizer padded with)."""
+    """Save ``model`` (its primary head) as a HF ``GPT2LMHeadModel`` or Llama-family ``*ForCausalLM`` directory,
+    which ``AutoModelForCausalLM`` loads; ``bos`` / ``eos`` / ``pad``: the ids of the tokenizer shipped with it (by
+    default a SentencePiece model's <s> 0, </s> 2, <pad> 1: what ``minimodel export`` writes, whatever the source
+    model's tokenizer padded with)."""
     tf = _transformers()
     config = hf_config(model.cfg, bos, eos, pad)
-    hf_model = (tf.GPT2LMHeadModel if config.model_type == "gpt2" else tf.LlamaForCausalLM)(config)
+    hf_model = tf.AutoModelForCausalLM.from_config(config)
     missing, unexpected = hf_model.load_state_dict(our_state_dict_to_hf(model), strict=False)
     missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]
     if missing or unexpected:

@@ -6,6 +6,7 @@ runs offline, with our logits."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -48,43 +49,120 @@ def llama_tokenizer(out: Path, vocab: int = 600) -> Path:
     return out
 
 
+LLAMA_FAMILY = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+"""model_type -> the prefix of transformers' config and model classes."""
+SHIPPED = {  # each type as current checkpoints use it: grouped-query attention and the type's own options
+    "llama": {"num_key_value_heads": 2, "head_dim": 32, "rope_theta": 500_000.0,
+              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 16}},
+    "mistral": {"num_key_value_heads": 1, "sliding_window": 64},
+    "qwen2": {"num_key_value_heads": 2, "rope_theta": 1_000_000.0},  # q/k/v biases: always, in Qwen2
+    "qwen3": {"num_key_value_heads": 2, "head_dim": 24},  # q/k RMSNorm: always, in Qwen3; head_dim x heads != hidden
+}
+
+
 def tiny(kind: str, vocab: int, **extra: object):
+    """A tiny randomly initialised causal LM of ``kind`` (gpt2 or a Llama-family model_type), built offline with
+    transformers' own classes; biases and norm weights are randomised too (their defaults, 0 and 1, would hide a
+    mapping that drops them)."""
     torch.manual_seed(0)
     if kind == "gpt2":
         config = transformers.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=3, n_head=2, n_positions=64,
                                          **{"bos_token_id": 0, "eos_token_id": 0, **extra})
         return transformers.GPT2LMHeadModel(config).eval()
-    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=3, num_attention_heads=2,
-                                      intermediate_size=96, max_position_embeddings=64,
-                                      **{"bos_token_id": 0, "eos_token_id": 2, **extra})
-    return transformers.LlamaForCausalLM(config).eval()
+    prefix = LLAMA_FAMILY[kind]
+    config = getattr(transformers, f"{prefix}Config")(
+        vocab_size=vocab, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
+        max_position_embeddings=64, **{"bos_token_id": 0, "eos_token_id": 2, **extra})
+    model = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.2)
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.2)
+    return model
 
 
-@pytest.mark.parametrize("kind,tied", [("gpt2", True), ("llama", False), ("llama", True)])
-def test_from_hf_gives_the_hf_logits_and_to_hf_round_trips(tmp_path, kind, tied):
-    hf = tiny(kind, 300, **({} if kind == "gpt2" else {"tie_word_embeddings": tied}))
+@pytest.mark.parametrize("kind,options", [("gpt2", {}), ("llama", {"tie_word_embeddings": False}),
+                                          ("llama", {"tie_word_embeddings": True}),
+                                          *((k, SHIPPED[k]) for k in LLAMA_FAMILY)])
+def test_from_hf_gives_the_hf_logits_and_to_hf_round_trips(tmp_path, kind, options):
+    hf = tiny(kind, 300, **options)
     hf.save_pretrained(tmp_path / "hf")
     ours, _ = load_primary(str(tmp_path / "hf"), "decoder")  # bridge.source: a directory (or a hub id)
-    assert type(ours).__name__ == "DecoderLM" and ours.cfg.tie_embeddings == tied
+    assert type(ours).__name__ == "DecoderLM" and ours.cfg.tie_embeddings == hf.config.tie_word_embeddings
     x = torch.randint(3, 300, (2, 20), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
+    with torch.no_grad():  # fp32, the same operations in the same order: equal up to rounding (seen: exactly equal)
         assert (hf(x).logits - ours.logits(x)).abs().max() < 1e-5
     to_hf(ours, tmp_path / "back", bos=0, eos=2, pad=1)
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
-    assert type(again).__name__ == type(hf).__name__
+    assert type(again).__name__ == type(hf).__name__ and again.config.model_type == kind
     with torch.no_grad():
         assert (again(x).logits - ours.logits(x)).abs().max() < 1e-5
-    assert from_hf(tmp_path / "back").state_dict().keys() == ours.state_dict().keys()
+    back = from_hf(tmp_path / "back")
+    assert back.cfg == replace(ours.cfg, pad_id=1) and back.state_dict().keys() == ours.state_dict().keys()
+
+
+def test_the_shipped_options_are_read_as_declared_fields(tmp_path):
+    """What each model type sets lands in the model config's declared fields (and nothing else differs from
+    plain Llama's)."""
+    seen = {}
+    for kind, options in SHIPPED.items():
+        tiny(kind, 100, **options).save_pretrained(tmp_path / kind)
+        seen[kind] = from_hf(tmp_path / kind).cfg.llama_options()
+    assert seen == {
+        "llama": {"kv_heads": 2, "head_size": 32, "rope_scaling": "llama3", "rope_factor": 8.0,
+                  "rope_original_max_positions": 16},
+        "mistral": {"kv_heads": 1, "sliding_window": 64},
+        "qwen2": {"kv_heads": 2, "qkv_bias": True},
+        "qwen3": {"kv_heads": 2, "head_size": 24, "qk_norm": True}}
+
+
+def test_rope_scalings_give_transformers_frequencies():
+    """``decoder.rope_inv_freq`` against transformers' own rope initialisation, for each rope type minimodel
+    accepts; the scaled frequencies differ from the unscaled ones (the test can fail)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from minimodel.decoder import rope_inv_freq
+    from minimodel.hf_decoder import hf_config_to_model_config
+
+    plain = None
+    for scaling in (None, {"rope_type": "linear", "factor": 4.0},
+                    {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192}):
+        config = transformers.LlamaConfig(hidden_size=2048, num_attention_heads=32, max_position_embeddings=131072,
+                                          rope_theta=500_000.0, rope_scaling=scaling)
+        ours = rope_inv_freq(hf_config_to_model_config(config))
+        if scaling is None:
+            plain = ours
+            continue
+        theirs, attention_scaling = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu")
+        assert attention_scaling == 1.0 and torch.allclose(ours, theirs.float(), rtol=1e-6, atol=0)
+        assert not torch.allclose(ours, plain)
+
+
+@pytest.mark.parametrize("field,value", [("hidden_act", "gelu"), ("attention_bias", True), ("mlp_bias", True),
+                                         ("rope_scaling", {"rope_type": "yarn", "factor": 4.0})])
+def test_what_the_family_lacks_is_refused_by_name(tmp_path, field, value):
+    config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=48, **{field: value})
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "m")
+    name = "rope_type" if field == "rope_scaling" else field
+    with pytest.raises(ValueError, match=name):
+        from_hf(tmp_path / "m")
 
 
 def test_unsupported_decoders_are_clear_errors(tmp_path):
-    tiny("llama", 100, num_key_value_heads=1).save_pretrained(tmp_path / "gqa")
-    with pytest.raises(ValueError, match="num_key_value_heads"):
-        from_hf(tmp_path / "gqa")
     transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=100, n_embd=32, n_layer=1, n_head=2, activation_function="relu")).save_pretrained(tmp_path / "relu")
     with pytest.raises(ValueError, match="activation_function"):
         from_hf(tmp_path / "relu")
+    phi = transformers.PhiConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=48)
+    transformers.PhiForCausalLM(phi).save_pretrained(tmp_path / "phi")
+    with pytest.raises(ValueError, match=r"model_type='phi'.*llama.*mistral.*qwen2.*qwen3"):
+        from_hf(tmp_path / "phi")
 
 
 @pytest.mark.slow

@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 PRIMARY = "primary"  # the MLM head after the last layer; a secondary head after layer N is "l{N}"
+ROPE_SCALINGS = ("none", "linear", "llama3")
+LLAMA_OPTIONS = ("kv_heads", "head_size", "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                 "rope_original_max_positions", "qkv_bias", "qk_norm", "sliding_window")
 
 
 @dataclass
@@ -37,13 +40,26 @@ class ModelConfig:
     bias: bool = True  # biases in the linear layers and norms (decoder: GPT-2 true, Llama false)
     tie_embeddings: bool = True  # the LM heads project with the input embeddings (decoder: false = own matrix)
     rope_theta: float = 10_000.0  # rotary positions' base
+    # the Llama family as shipped (Llama 3, Mistral, Qwen2, Qwen3, SmolLM2; decoder only, hf_decoder maps them):
+    kv_heads: int = 0  # key/value heads; fewer than heads = grouped-query attention; 0 = heads
+    head_size: int = 0  # the width of one attention head; 0 = hidden / heads (Qwen3 sets it apart from hidden)
+    rope_scaling: str = "none"  # none | linear | llama3 (transformers' rope types of those names)
+    rope_factor: float = 1.0  # linear, llama3: the factor that stretches the rotary wavelengths
+    rope_low_freq_factor: float = 1.0  # llama3
+    rope_high_freq_factor: float = 4.0  # llama3
+    rope_original_max_positions: int = 8192  # llama3: the context length the model was first trained at
+    qkv_bias: bool = False  # biases on the q, k, v projections only (Qwen2); model.bias gives every layer biases
+    qk_norm: bool = False  # RMSNorm over each head's queries and keys, before rotary (Qwen3)
+    sliding_window: int = 0  # attention window (Mistral); 0 = none; data.seq_len may not exceed it
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden", "layers", "heads", "ffn", "max_positions"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.{name} must be a positive integer, got {getattr(self, name)}")
-        if self.hidden % self.heads != 0:
-            raise ValueError(f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})")
+        if self.hidden % self.heads != 0 and self.head_size == 0:
+            raise ValueError(f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads}), "
+                             f"or model.head_size set")
+        self._check_llama_options()
         for name in ("dropout", "attn_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
@@ -60,9 +76,47 @@ class ModelConfig:
                 raise ValueError(f"model.mini_heads: depth {depth} is outside 1..{self.layers} (model.layers)")
         self.mini_heads = sorted(depths)
 
+    def _check_llama_options(self) -> None:
+        for name in ("kv_heads", "head_size", "sliding_window"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"model.{name} must be 0 or a positive integer, got {getattr(self, name)}")
+        if self.heads % self.key_value_heads != 0:
+            raise ValueError(f"model.heads ({self.heads}) must be a multiple of model.kv_heads ({self.kv_heads}): "
+                             f"each key/value head serves a group of query heads")
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ValueError(f"model.rope_scaling must be one of {', '.join(ROPE_SCALINGS)}, got {self.rope_scaling!r}")
+        for name in ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor"):
+            if not 0.0 < getattr(self, name) < math.inf:
+                raise ValueError(f"model.{name} must be a positive number, got {getattr(self, name)}")
+        if self.rope_scaling == "llama3" and not self.rope_low_freq_factor < self.rope_high_freq_factor:
+            raise ValueError(f"model.rope_low_freq_factor ({self.rope_low_freq_factor}) must be below "
+                             f"model.rope_high_freq_factor ({self.rope_high_freq_factor}) (rope_scaling llama3)")
+        if self.rope_original_max_positions <= 0:
+            raise ValueError(f"model.rope_original_max_positions must be a positive integer, "
+                             f"got {self.rope_original_max_positions}")
+
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def key_value_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def attn_width(self) -> int:
+        """The width of the queries (and of the attention output): heads x head_dim (= hidden unless head_size)."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """The width of the keys, and of the values: key_value_heads x head_dim."""
+        return self.key_value_heads * self.head_dim
+
+    def llama_options(self) -> dict[str, Any]:
+        """The options of the Llama family as shipped that differ from their defaults (an encoder takes none)."""
+        defaults = ModelConfig.__dataclass_fields__
+        return {k: getattr(self, k) for k in LLAMA_OPTIONS if getattr(self, k) != defaults[k].default}
 
     @property
     def head_names(self) -> list[str]:
@@ -356,6 +410,7 @@ def pooled_label(label: str, pretrain_seed: int) -> str:
 
 
 def is_hf_source(source: str) -> bool:
-    """A ``bridge.source`` naming a Hugging Face model (directory or hub id) rather than a checkpoint file."""
-    return bool(source) and not source.endswith(".ckpt") and not Path(source).is_file()
+    """A ``bridge.source`` naming a Hugging Face model (directory, hub id, or a GGUF file) rather than a checkpoint
+    file."""
+    return bool(source) and (source.endswith(".gguf") or not source.endswith(".ckpt") and not Path(source).is_file())
 

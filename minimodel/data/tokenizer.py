@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import sentencepiece as spm
 
 from minimodel.errors import UserError
+from minimodel.gguf import hf_source
 
 # fairseq / RoBERTa order for the first four; <mask> right after them.
 BOS, PAD, EOS, UNK, MASK = 0, 1, 2, 3, 4
@@ -188,8 +189,9 @@ class HFTokenizer:
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise TokenizerError("data.source_tokenizer needs Hugging Face transformers: "
                                  "pip install 'minimodel[hf]'") from e
+        where, options = hf_source(ref)  # a GGUF file carries its tokenizer
         try:
-            self.hf = AutoTokenizer.from_pretrained(ref)
+            self.hf = AutoTokenizer.from_pretrained(where, **options)
         except Exception as e:  # OSError for a missing dir / unreachable hub, ValueError for a bad one
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             if Path(ref).is_dir():
