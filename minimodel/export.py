@@ -4,8 +4,9 @@
 directory: the primary model with the target language's embeddings (``RobertaForMaskedLM``; a decoder's
 ``GPT2LMHeadModel`` or ``LlamaForCausalLM``, for ``AutoModelForCausalLM`` and ``pipeline("text-generation")``), or with
 ``task``/``seed`` the finetuned model of step 3 with them (``RobertaForSequenceClassification`` with the task's
-label names, ``RobertaForQuestionAnswering``), the language's SentencePiece model as a fast tokenizer with the
-same ids (``hf.fast_tokenizer``), and ``minimodel.json`` (where it came from). ``step`` picks an adaptation
+label names, ``RobertaForQuestionAnswering``; a decoder's classifier: its causal LM and head, ``decoder_task``), the
+language's SentencePiece model as a fast tokenizer with the same ids (``hf.fast_tokenizer``; a classifier's with step
+3's template ``<s> A </s>``), and ``minimodel.json`` (where it came from). ``step`` picks an adaptation
 checkpoint (default: the last). ``--embeddings-only`` writes the small artifact instead: ``embeddings.pt`` (the
 adaptation checkpoint: embeddings, output bias, tokenizer identity, step, FLOPs), the SentencePiece model and
 ``minimodel.json``; ``--embeddings DIR`` plugs such an artifact (from any experiment whose primary model it was
@@ -159,7 +160,8 @@ def _write(cfg: ExperimentConfig, emb: Embeddings, out: Path, embeddings_only: b
         hf.to_hf(model.eval(), out)
         what = {"kind": "text-generation" if causal(cfg.model) else "fill-mask", "primary_model": r.primary}
         body = model
-    fast_tokenizer(tok.path, max_tokens(body.cfg), causal=causal(body.cfg)).save_pretrained(str(out))
+    # a classifier (either family) reads step 3's template <s> A </s>; a causal LM's prompt is <s> A
+    fast_tokenizer(tok.path, max_tokens(body.cfg), causal=causal(body.cfg) and not cfg.task).save_pretrained(str(out))
     _write_provenance(out, emb, **what)
     return str(what["kind"])
 

@@ -3,7 +3,9 @@
 Symbols: ``layers`` l, ``hidden`` h, ``seq_len`` s, ``vocab`` V, ``mask_prob`` p, ``batch`` B (sequences
 per update), ``updates`` U. Biases, activations, softmax and LayerNorm are left out, as in the paper.
 
-* one layer, forward:            24 s h^2 + 4 h s^2
+* one layer, forward:            24 s h^2 + 4 h s^2  (in general 2 s W + 4 a s^2: W the layer's matrix weights,
+                                 a its attention width; W = 12 h^2 and a = h for the paper's layer, and less for
+                                 grouped-query attention, whose k and v projections are narrower: ``LayerShape``)
 * MLM head, forward (masked):    p (2 s h^2 + 2 s h V)
 * A1 pretraining:  3 x forward                                     = 72 UBslh^2 (1 + s/6h + p/12l + pV/12hl)
 * A3 adaptation:   forward + d/d(activations) everywhere + d/d(w) of the output projection
@@ -13,13 +15,34 @@ per update), ``updates`` U. Biases, activations, softmax and LayerNorm are left 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from minimodel.config.schema import ModelConfig
+
 V100_FLOPS_PER_SECOND = 30e12  # the paper's estimated V100 throughput
 V100_DAY = V100_FLOPS_PER_SECOND * 86_400  # 2.592e18 FLOPs
 
 
-def layer_flops(hidden: int, seq_len: int) -> float:
-    """Forward FLOPs of one transformer layer for one sequence."""
-    return 24 * seq_len * hidden**2 + 4 * hidden * seq_len**2
+@dataclass(frozen=True)
+class LayerShape:
+    """What one layer's forward costs per token beyond its width: ``linear`` multiply-adds (its matrix weights) and
+    the attention width ``attn`` (scores and weighted values: 2 a s each per token)."""
+
+    linear: int
+    attn: int
+
+    @classmethod
+    def of(cls, m: ModelConfig) -> LayerShape:
+        """The model's layer: 12 h^2 and h for the paper's (MHA, a 4h GELU FFN), so its figures are the paper's;
+        grouped-query attention, a head width apart from hidden / heads, SwiGLU and any FFN width as they are."""
+        return cls(m.layer_linear, m.attn_width)
+
+
+def layer_flops(hidden: int, seq_len: int, shape: LayerShape | None = None) -> float:
+    """Forward FLOPs of one transformer layer for one sequence (the paper's layer unless ``shape``)."""
+    if shape is None:
+        return 24 * seq_len * hidden**2 + 4 * hidden * seq_len**2
+    return 2 * seq_len * shape.linear + 4 * shape.attn * seq_len**2
 
 
 def lm_head_flops(hidden: int, seq_len: int, vocab: int, mask_prob: float) -> float:
@@ -32,29 +55,29 @@ def outproj_flops(hidden: int, seq_len: int, vocab: int) -> float:
 
 
 def pretrain_flops(layers: int, hidden: int, seq_len: int, vocab: int, mask_prob: float, batch: int,
-                   updates: int, extra_heads: int = 0) -> float:
+                   updates: int, extra_heads: int = 0, shape: LayerShape | None = None) -> float:
     """A1: forward + backward (x3) of the whole model. ``extra_heads`` counts MiniJoint's secondary heads,
     each adding the cost of one more MLM head (the paper's 30.4 vs 32.2 V100-days, footnote 2)."""
-    forward = layers * layer_flops(hidden, seq_len) + (1 + extra_heads) * lm_head_flops(hidden, seq_len, vocab, mask_prob)
+    forward = layers * layer_flops(hidden, seq_len, shape) + (1 + extra_heads) * lm_head_flops(hidden, seq_len, vocab, mask_prob)
     return 3.0 * updates * batch * forward
 
 
 def adapt_flops(layers: int, hidden: int, seq_len: int, vocab: int, mask_prob: float, batch: int,
-                updates: int) -> float:
+                updates: int, shape: LayerShape | None = None) -> float:
     """A3: U B (2 l FLOP_layer + 2 FLOP_lm + p FLOP_outproj). Only embeddings (tied to the output
     projection) and the output bias train: activations' gradients everywhere, weight gradients only
     for the output projection."""
-    per_seq = (2 * layers * layer_flops(hidden, seq_len) + 2 * lm_head_flops(hidden, seq_len, vocab, mask_prob)
+    per_seq = (2 * layers * layer_flops(hidden, seq_len, shape) + 2 * lm_head_flops(hidden, seq_len, vocab, mask_prob)
                + mask_prob * outproj_flops(hidden, seq_len, vocab))
     return float(updates) * batch * per_seq
 
 
 def bridge_flops(layers: int, hidden: int, seq_len: int, vocab: int, mask_prob: float, batch: int,
-                 updates: int, trainable_layers: int) -> float:
+                 updates: int, trainable_layers: int, shape: LayerShape | None = None) -> float:
     """A4: MiniPost step 1b over an ``layers``-layer mini-model whose top ``trainable_layers`` train."""
     if not 1 <= trainable_layers <= layers:
         raise ValueError(f"trainable_layers must be in 1..{layers}, got {trainable_layers}")
-    per_seq = ((layers + 2 * trainable_layers - 1) * layer_flops(hidden, seq_len)
+    per_seq = ((layers + 2 * trainable_layers - 1) * layer_flops(hidden, seq_len, shape)
                + 2 * lm_head_flops(hidden, seq_len, vocab, mask_prob))
     return float(updates) * batch * per_seq
 

@@ -43,6 +43,7 @@ from torch import Tensor
 
 from minimodel.config.schema import PRIMARY, ModelConfig
 from minimodel.decoder import DecoderLM
+from minimodel.decoder_task import task_to_hf  # noqa: F401  (minimodel export task=T: the family's task export)
 from minimodel.gguf import gguf_summary, hf_source
 from minimodel.hf import _not_plain_data, _transformers, _weights
 from minimodel.log import get_logger

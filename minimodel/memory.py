@@ -140,12 +140,16 @@ def embedding_params(m: ModelConfig, vocab: int) -> int:
 
 
 def layer_params(m: ModelConfig) -> int:
-    biases = 5 * m.hidden + ffn_in_width(m) if m.bias else 0  # qkv (3h), both output maps (h each), FFN input
-    return layer_linear(m) + 2 * norm_params(m) + biases
+    qkv = m.attn_width + 2 * m.kv_width
+    # every linear map's (GPT-2's): q, k, v, both output maps (h each), the FFN input; or q, k, v's only (Qwen2)
+    biases = qkv + 2 * m.hidden + ffn_in_width(m) if m.bias else qkv if m.qkv_bias else 0
+    qk_norm = 2 * m.head_dim if m.qk_norm else 0  # Qwen3: one RMSNorm weight over head_dim each for q and k
+    return layer_linear(m) + 2 * norm_params(m) + biases + qk_norm
 
 
 def layer_linear(m: ModelConfig) -> int:
-    return 4 * m.hidden**2 + m.hidden * ffn_in_width(m) + m.ffn * m.hidden  # qkv, attention output, FFN in and out
+    """qkv, attention output, FFN in and out (``ModelConfig.layer_linear``)."""
+    return m.layer_linear
 
 
 def head_linear(m: ModelConfig) -> int:
@@ -263,9 +267,12 @@ def layer_activation_bytes(m: ModelConfig, a: int, trains: bool, device: str = "
     maps that read a norm's output where they train, q/k/v, rotary's rotated q and k, the attention output, the
     FFN's activation inputs and, where the output map trains, the tensor it reads), two norms, two dropout masks
     and attention's log-sum-exp."""
-    h, f = m.hidden, m.ffn
+    h, f, q, kv = m.hidden, m.ffn, m.attn_width, m.kv_width
     normed = 2 * h if trains else 0
-    attention = 3 * h + (2 * h if m.positions == "rotary" else 0) + h
+    # q, k, v (narrower k and v under grouped-query attention, which then expands them to every query head for
+    # the attention kernel), rotary's rotated q and k, the attention output
+    grouped = 2 * q if m.key_value_heads != m.heads else 0
+    attention = q + 2 * kv + (q + kv if m.positions == "rotary" else 0) + grouped + q
     ffn = ffn_in_width(m) + (f if gated(m) else 0) + (f if trains else 0)  # SwiGLU: SiLU's output too
     return (a * (normed + attention + ffn) + 2 * norm_bytes(m, trains, device) + 2 * h * mask_bytes(device, a)
             + 4 * m.heads)

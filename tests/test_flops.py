@@ -67,3 +67,23 @@ def test_measured_adaptation_flops_against_a3():
     attention_backward_extra = B * layers * 4 * h * s**2
     assert measured == pytest.approx(a3 + attention_backward_extra, rel=1e-9)
     assert 1.0 < measured / a3 < 1.25
+
+
+def test_layer_shape_is_the_papers_layer_for_roberta_and_smaller_under_grouped_query_attention():
+    """``LayerShape.of`` counts the layer's own matrices: RoBERTa's (MHA, a 4h GELU FFN) is the paper's 12 h^2 and h,
+    so its figures are unchanged; SmolLM2-135M's (9 heads, 3 key/value heads, SwiGLU of 1536) is counted as built."""
+    from minimodel.config.schema import ModelConfig
+    from minimodel.flops import LayerShape, adapt_flops, layer_flops
+
+    base = ModelConfig()  # roberta-base
+    assert LayerShape.of(base) == LayerShape(12 * 768**2, 768)
+    assert layer_flops(768, 512, LayerShape.of(base)) == layer_flops(768, 512)
+    smol = ModelConfig(family="decoder", norm="rmsnorm", positions="rotary", activation="swiglu", bias=False,
+                       vocab_size=49152, hidden=576, layers=30, heads=9, kv_heads=3, ffn=1536)
+    q, kv, ffn = 576 * 576, 576 * 192, 3 * 576 * 1536  # q and o; k and v each; gate, up, down
+    assert LayerShape.of(smol) == LayerShape(2 * q + 2 * kv + ffn, 576)
+    mha = ModelConfig(**{**smol.to_dict(), "kv_heads": 0})
+    saved = layer_flops(576, 512, LayerShape.of(mha)) - layer_flops(576, 512, LayerShape.of(smol))
+    assert saved == 2 * 512 * 2 * (576 * 576 - 576 * 192)  # the narrower k and v projections
+    assert adapt_flops(30, 576, 512, 49152, 1.0, 8, 1, LayerShape.of(smol)) < adapt_flops(
+        30, 576, 512, 49152, 1.0, 8, 1, LayerShape.of(mha))

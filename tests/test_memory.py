@@ -40,6 +40,9 @@ GPT2 = ["model.family=decoder", "model.norm=layernorm", "model.positions=learned
         "model.bias=true", "model.tie_embeddings=true"]
 LLAMA = ["model.family=decoder", "model.norm=rmsnorm", "model.positions=rotary", "model.activation=swiglu",
          "model.bias=false", "model.tie_embeddings=false"]
+SHIPPED = [*LLAMA, "model.kv_heads=1", "model.head_size=24", "model.qkv_bias=true", "model.qk_norm=true"]
+"""Llama as current checkpoints ship it: grouped-query attention, a head width apart from hidden / heads, Qwen's q/k/v
+biases and q/k norm."""
 """The decoder family's two ends: GPT-2 (pre-LayerNorm, learned positions, tanh GELU, biases, tied embeddings) and
 Llama (RMSNorm, rotary positions, SwiGLU, no biases, an output projection of its own)."""
 NEXT_TOKEN = ["data.vocab_size=160"]
@@ -56,7 +59,8 @@ CASES = [  # experiment, extra overrides, stage
     ("bl_base", [], "adapt"),  # over the whole model
     ("bl_base", ["finetune.tasks=[mlqa]"], "finetune"),  # a span head
     ("tiny", STAGED, "adapt"),
-    *((experiment, [*style, *NEXT_TOKEN, *extra], stage) for style in (GPT2, LLAMA) for experiment, extra, stage in (
+    *((experiment, [*style, *NEXT_TOKEN, *extra], stage) for style in (GPT2, LLAMA, SHIPPED)
+      for experiment, extra, stage in (
         ("tiny", [], "pretrain"),  # MiniJoint: 2 LM heads (the untied ones share one output projection)
         ("tiny", [], "adapt"),  # MiniJoint's bottom 2 layers
         ("tiny", [], "finetune"),  # last-token classification through the final norm

@@ -113,6 +113,15 @@ class ModelConfig:
         """The width of the keys, and of the values: key_value_heads x head_dim."""
         return self.key_value_heads * self.head_dim
 
+    @property
+    def layer_linear(self) -> int:
+        """The weights of one transformer layer's matrices: q, k, v (h x (attn_width + 2 kv_width): smaller under
+        grouped-query attention), the attention output, the FFN's input map (a gate and an up projection with
+        SwiGLU) and its output map. 12 h^2 for the paper's layer (4 h^2 attention, a 4h FFN)."""
+        ffn_in = (2 if self.activation == "swiglu" else 1) * self.ffn
+        return (self.hidden * (self.attn_width + 2 * self.kv_width) + self.attn_width * self.hidden
+                + self.hidden * ffn_in + self.ffn * self.hidden)
+
     def llama_options(self) -> dict[str, Any]:
         """The options of the Llama family as shipped that differ from their defaults (an encoder takes none)."""
         defaults = ModelConfig.__dataclass_fields__

@@ -6,7 +6,7 @@ from __future__ import annotations
 from minimodel import systems
 from minimodel.config.schema import ExperimentConfig
 from minimodel.families import predicted_share
-from minimodel.flops import adapt_flops, bridge_flops, pretrain_flops, v100_days
+from minimodel.flops import LayerShape, adapt_flops, bridge_flops, pretrain_flops, v100_days
 
 
 def cost_rows(cfg: ExperimentConfig) -> list[dict]:
@@ -14,7 +14,8 @@ def cost_rows(cfg: ExperimentConfig) -> list[dict]:
     (A1 pretraining, A4 bridge, A3 adaptation over the step-2 body; ``systems.FORMULAS``)."""
     system, m, d = systems.of(cfg), cfg.model, cfg.data
     # p: the share of positions the LM head scores (data.mask_prob; 1 for a causal LM, families.predicted_share)
-    common = dict(hidden=m.hidden, seq_len=d.seq_len, vocab=m.vocab_size, mask_prob=predicted_share(cfg))
+    common = dict(hidden=m.hidden, seq_len=d.seq_len, vocab=m.vocab_size, mask_prob=predicted_share(cfg),
+                  shape=LayerShape.of(m))
     p = cfg.pretrain.optim
     extra = len(m.mini_heads)
     shared = f" ({systems.get(system.primary_from).title}, shared)" if system.primary_from else ""
@@ -66,7 +67,7 @@ def multi_head_saving(cfg: ExperimentConfig) -> str:
     if len(m.mini_heads) < 2:
         return ""
     common = dict(hidden=m.hidden, seq_len=d.seq_len, vocab=m.vocab_size, mask_prob=predicted_share(cfg),
-                  batch=p.global_batch, updates=p.updates)
+                  batch=p.global_batch, updates=p.updates, shape=LayerShape.of(m))
     one = pretrain_flops(m.layers, extra_heads=len(m.mini_heads), **common)
     dedicated = len(m.mini_heads) * pretrain_flops(m.layers, extra_heads=1, **common)
     return (f"Step 1 with all {len(m.mini_heads)} secondary heads (after layers {', '.join(map(str, m.mini_heads))}) "

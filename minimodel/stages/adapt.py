@@ -25,7 +25,7 @@ from minimodel.data.prepare import load_prepared_tokenizer, load_source_tokenize
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError
 from minimodel.families import predicted_share
-from minimodel.flops import FlopSchedule, adapt_flops, v100_days
+from minimodel.flops import FlopSchedule, LayerShape, adapt_flops, v100_days
 from minimodel.layout import (
     ADAPT_INFO,
     adaptation_checkpoint,
@@ -220,7 +220,8 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         log.info(f"adapt {cfg.system} to {cfg.lang}: {overlap:,} of {vocab:,} pieces overlap with {cfg.source_lang}; "
                  f"{shape if cfg.adapt.schedule else f'{body.cfg.layers}-layer body'}; {n_train:,} trainable parameters")
         flops = FlopSchedule([(p.start, p.end, adapt_flops(p.depth, body.cfg.hidden, cfg.data.seq_len, vocab,
-                                                            predicted_share(cfg), a.optim.global_batch, 1))
+                                                            predicted_share(cfg), a.optim.global_batch, 1,
+                                                            shape=LayerShape.of(body.cfg)))
                               for p, _ in phases])
         tokenizer = {"path": str(x.target_tok.path), "sha256": x.target_tok.sha256, "vocab_size": vocab}
         meta = TrainingMeta(stage="adapt", system=cfg.system, lang=cfg.lang, model_config=asdict(body.cfg),

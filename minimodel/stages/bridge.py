@@ -15,7 +15,7 @@ from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError
 from minimodel.families import DEFAULT as DEFAULT_FAMILY
 from minimodel.families import hf_module, predicted_share
-from minimodel.flops import bridge_flops
+from minimodel.flops import LayerShape, bridge_flops
 from minimodel.layout import is_done
 from minimodel.log import get_logger
 from minimodel.model import RobertaMLM
@@ -59,7 +59,8 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         n_train = trainable_parameters(mini)
         log.info(f"MiniPost mini-model: {b.depth} copied + {b.layers} new layers; {n_train:,} trainable parameters")
         flops = bridge_flops(mini.cfg.layers, mini.cfg.hidden, cfg.data.seq_len, mini.cfg.vocab_size,
-                             predicted_share(cfg), b.optim.global_batch, 1, trainable_layers=b.layers)
+                             predicted_share(cfg), b.optim.global_batch, 1, trainable_layers=b.layers,
+                             shape=LayerShape.of(mini.cfg))
         meta = TrainingMeta(stage="bridge", system=cfg.system, lang=cfg.source_lang, model_config=asdict(mini.cfg),
                             tokenizer={"path": str(tok.path), "sha256": tok.sha256},
                             extra={"primary": r.primary, "depth": b.depth, "bridge_layers": b.layers,

@@ -14,7 +14,7 @@ from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError
 from minimodel.families import build as build_model
 from minimodel.families import predicted_share
-from minimodel.flops import pretrain_flops
+from minimodel.flops import LayerShape, pretrain_flops
 from minimodel.systems import external_primary, of, runs
 from minimodel.training.mlm import MLMModule
 from minimodel.training.runner import Runner, Stage, StageResult, Training
@@ -31,7 +31,8 @@ def run_pretrain(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResul
     def build(tok: AnyTokenizer) -> Training:
         model = build_model(cfg.model)
         flops = pretrain_flops(cfg.model.layers, cfg.model.hidden, cfg.data.seq_len, cfg.model.vocab_size,
-                               predicted_share(cfg), p.global_batch, 1, extra_heads=len(cfg.model.mini_heads))
+                               predicted_share(cfg), p.global_batch, 1, extra_heads=len(cfg.model.mini_heads),
+                               shape=LayerShape.of(cfg.model))
         meta = TrainingMeta(stage="pretrain", system=cfg.system, lang=cfg.source_lang, model_config=asdict(cfg.model),
                             tokenizer={"path": str(tok.path), "sha256": tok.sha256})
         module = MLMModule(model, p, meta, flops, weights=cfg.pretrain.head_weights or None,
