@@ -173,8 +173,11 @@ def adapt_phases(cfg: ExperimentConfig) -> list[Phase]:
 
 
 def external_primary(cfg: ExperimentConfig) -> bool:
-    """The primary model is a file or a public model named by ``bridge.source``, not a run of this experiment."""
-    return of(cfg).bridge and bool(cfg.bridge.source)
+    """The primary model is a file or a public model named by ``bridge.source``, not a run of this experiment: for
+    a system with a bridge (MiniPost, which bridges from it) and for the system whose primary model a bridge system
+    shares (BL_BASE, whose standard adaptation and finetunings then run over that model, with no step 1)."""
+    s = of(cfg)
+    return bool(cfg.bridge.source) and (s.bridge or any(x.primary_from == s.name for x in REGISTRY.values()))
 
 
 def source_tokenizer(cfg: ExperimentConfig) -> str:
@@ -235,7 +238,7 @@ class Runs:
     label: str  # this system's own directory (adaptation, results; ``head_label``)
     pretrain: Path | None  # the step-1 run that produces the primary model (maybe another system's); None: external
     primary: str  # the primary model: a training checkpoint, or ``bridge.source`` (file or Hugging Face model)
-    body: Path  # the run whose finished checkpoint is the step-2 body (step 1 or step 1b)
+    body: Path | None  # the run whose finished checkpoint is the step-2 body (step 1 or step 1b); None: ``primary``
     finetune_label: str  # the system directory holding the finetuned primary models (shared with BL_BASE)
 
     @property
@@ -257,8 +260,8 @@ class Runs:
 
 def runs(cfg: ExperimentConfig) -> Runs:
     s, layout = of(cfg), Layout.of(cfg)
-    if external_primary(cfg):
-        pretrain, primary, owner = None, cfg.bridge.source, cfg.label
+    if external_primary(cfg):  # the finetuned models of the public model: with the system that owns it (BL_BASE)
+        pretrain, primary, owner = None, cfg.bridge.source, s.primary_from or cfg.label
     elif s.primary_from:  # shared: the other system's untagged run (a sweep varies only this system's part),
         # of the same pretraining seed
         owner = s.primary_from + pretrain_seed_suffix(cfg.pretrain.trainer.seed)
@@ -268,5 +271,4 @@ def runs(cfg: ExperimentConfig) -> Runs:
         pretrain, owner = layout.pretrain(cfg.label), cfg.label
         primary = str(last_checkpoint(pretrain))
     body = layout.bridge(cfg.label) if s.body is Body.BRIDGE else pretrain
-    assert body is not None
     return Runs(layout, head_label(cfg), pretrain, primary, body, owner)

@@ -186,6 +186,8 @@ def _validate_evaluate(cfg: ExperimentConfig, fail: Any) -> None:
         fail(f"evaluate.split must be test or dev, got {cfg.evaluate.split!r}")
     if cfg.evaluate.save_predictions not in ("none", "final", "all"):
         fail(f"evaluate.save_predictions must be none, final or all, got {cfg.evaluate.save_predictions!r}")
+    if cfg.evaluate.precision not in ("auto", *PRECISIONS):
+        fail(f"evaluate.precision must be auto or one of {', '.join(PRECISIONS)}, got {cfg.evaluate.precision!r}")
     if cfg.evaluate.dev_checkpoints not in ("all", "plateau"):
         fail(f"evaluate.dev_checkpoints must be all or plateau, got {cfg.evaluate.dev_checkpoints!r}")
     rep = cfg.report

@@ -29,11 +29,12 @@ def task_head(task: TaskData, hidden: int, dropout: float, pooling: str = "first
 
 @torch.no_grad()
 def predict(body: RobertaMLM, head: nn.Module, features: list[dict[str, Any]], batch_size: int,
-            device: torch.device) -> list[Any]:
-    """Per feature: (predicted class id, class probabilities), or (start_logits, end_logits) trimmed to its length."""
+            device: torch.device, precision: str = "auto") -> list[Any]:
+    """Per feature: (predicted class id, class probabilities), or (start_logits, end_logits) trimmed to its length;
+    ``precision``: ``evaluate.precision``."""
     body.eval()
     head.eval()
-    half = autocast_dtype(device)  # bf16 where native, fp16 on older CUDA cards, None (fp32) on the CPU
+    half = autocast_dtype(device, precision)  # auto: bf16 where native, fp16 on older CUDA cards, fp32 on the CPU
     out: list[Any] = []
     for i in range(0, len(features), batch_size):
         chunk = features[i:i + batch_size]

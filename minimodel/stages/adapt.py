@@ -67,6 +67,13 @@ def adaptation_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str, TrainingMet
     With ``adapt.schedule`` (progressive adaptation): the layers up to the deepest phase's head with every
     phase's head, their output biases tied into one."""
     r, kind = runs(cfg), of(cfg).body
+    if r.body is None:  # standard adaptation over a public primary model (bridge.source): no run to read
+        from minimodel.stages.bridge import load_primary
+
+        model, trained_with = load_primary(r.primary, cfg.model.family)
+        meta = TrainingMeta(stage="external", system=cfg.system, lang=cfg.source_lang,
+                            model_config=asdict(model.cfg), tokenizer=trained_with)
+        return BODIES[kind](model, cfg), r.primary, meta
     if not is_done(r.body):
         step = "`minimodel bridge`" if kind is Body.BRIDGE else "`minimodel pretrain`"
         raise CheckpointError(f"adaptation needs a finished {r.body.name} run: {r.body} is not complete (run {step} first)")

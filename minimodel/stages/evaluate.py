@@ -327,7 +327,7 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
         check_adaptation(adapted, cfg, lang, path)
         plug_embeddings(body, adapted, tok.sha256, tok.vocab_size)
         body.to(device)
-        predictions = predict(body, head, features, cfg.finetune.eval_batch, device)
+        predictions = predict(body, head, features, cfg.finetune.eval_batch, device, cfg.evaluate.precision)
         scores = score(data, records, features, predictions, lang)
         if perplexity is not None:  # a causal LM's second metric, once per checkpoint (stages/perplexity.py)
             scores["perplexity"] = perplexity(path, adapted, lang, tok)

@@ -68,9 +68,16 @@ def check_precision(precision: str, accelerator: str, key: str) -> None:
                                  f"(fp16 with loss scaling; the v100 launcher does) or 32-true")
 
 
-def autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """Evaluation's autocast dtype: bf16 where the device has it natively, fp16 on older CUDA cards; None (full
-    precision) on the CPU."""
+def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype | None:
+    """Evaluation's autocast dtype (``evaluate.precision``): with ``auto``, bf16 where the device has it natively,
+    fp16 on older CUDA cards, None (full precision) on the CPU; ``32-true`` none; ``bf16-mixed`` bf16;
+    ``16-mixed`` fp16 on CUDA and bf16 on the CPU (Lightning's reading of it)."""
+    if precision == "32-true":
+        return None
+    if precision == "bf16-mixed":
+        return torch.bfloat16
+    if precision == "16-mixed":
+        return torch.float16 if device.type == "cuda" else torch.bfloat16
     if device.type != "cuda":
         return None
     return torch.bfloat16 if native_bf16(device) else torch.float16
@@ -86,9 +93,10 @@ def compile_layers(model: nn.Module) -> int:
     parameters, their names and the checkpoints stay as they are); returns how many. Per layer, not the whole
     model: the layers are identical, so one compiled graph serves all of them and a stage that runs only the
     bottom layers (step 2 over a mini-model) compiles only those."""
+    from minimodel.decoder import Layer as DecoderLayer
     from minimodel.model import Layer
 
-    layers = [m for m in model.modules() if isinstance(m, Layer)]
+    layers = [m for m in model.modules() if isinstance(m, (Layer, DecoderLayer))]
     for layer in layers:
         layer.compile()
     return len(layers)
