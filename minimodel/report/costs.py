@@ -19,9 +19,15 @@ def cost_rows(cfg: ExperimentConfig) -> list[dict]:
     p = cfg.pretrain.optim
     extra = len(m.mini_heads)
     shared = f" ({systems.get(system.primary_from).title}, shared)" if system.primary_from else ""
-    rows = [{"step": "1 pretrain" + shared, "formula": systems.FORMULAS["pretrain"] + (f" + {extra} head" if extra else ""),
-             "layers": m.layers, "updates": p.updates, "batch": p.global_batch,
-             "flops": pretrain_flops(m.layers, batch=p.global_batch, updates=p.updates, extra_heads=extra, **common)}]
+    if systems.external_primary(cfg):  # a public model: its pretraining was not run here (and is not priced)
+        rows = [{"step": f"1 pretrain (none: the public model {cfg.bridge.source})", "formula": "—",
+                 "layers": m.layers, "updates": 0, "batch": 0, "flops": 0.0}]
+    else:
+        rows = [{"step": "1 pretrain" + shared,
+                 "formula": systems.FORMULAS["pretrain"] + (f" + {extra} head" if extra else ""),
+                 "layers": m.layers, "updates": p.updates, "batch": p.global_batch,
+                 "flops": pretrain_flops(m.layers, batch=p.global_batch, updates=p.updates, extra_heads=extra,
+                                         **common)}]
     if system.bridge:
         b = cfg.bridge
         layers = b.depth + b.layers
@@ -30,6 +36,7 @@ def cost_rows(cfg: ExperimentConfig) -> list[dict]:
                      "flops": bridge_flops(layers, batch=b.optim.global_batch, updates=b.optim.updates,
                                            trainable_layers=b.layers, **common)})
     a, phases = cfg.adapt.optim, systems.adapt_phases(cfg)
+    common = {**common, "vocab": d.vocab_size}  # step 2 projects onto the target vocabulary (data.vocab_size)
     for p in phases if len(phases) > 1 else []:  # progressive adaptation: each phase at its own depth
         rows.append({"step": f"2 adapt phase {p.head} (per language)", "formula": systems.FORMULAS["adapt"],
                      "layers": p.depth, "updates": p.end - p.start, "batch": a.global_batch,
