@@ -91,6 +91,8 @@ def test_from_hf_gives_the_hf_logits_and_to_hf_round_trips(tmp_path, kind, optio
     hf = tiny(kind, 300, **options)
     hf.save_pretrained(tmp_path / "hf")
     ours, _ = load_primary(str(tmp_path / "hf"), "decoder")  # bridge.source: a directory (or a hub id)
+    assert ours.training  # as a training checkpoint loads: step 3 finetunes it with its dropout
+    ours.eval()
     assert type(ours).__name__ == "DecoderLM" and ours.cfg.tie_embeddings == hf.config.tie_word_embeddings
     x = torch.randint(3, 300, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():  # fp32, the same operations in the same order: equal up to rounding (seen: exactly equal)

@@ -33,8 +33,8 @@ def load_primary(source: str, family: str = DEFAULT_FAMILY) -> tuple[RobertaMLM,
     Hugging Face model directory / hub id of the model family ``family`` (``model.family``; read by that family's
     ``from_hf``), whose tokenizer is its own: an empty record."""
     path = Path(source)
-    if is_hf_source(source):  # a directory, a hub id, or a GGUF file
-        return hf_module(family).from_hf(source), {}
+    if is_hf_source(source):  # a directory, a hub id, or a GGUF file; in training mode, as a checkpoint loads
+        return hf_module(family).from_hf(source).train(), {}
     if path.is_file():
         model, meta = load_trained_model(path)
         return primary_only(model), meta.tokenizer
