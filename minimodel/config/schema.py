@@ -345,7 +345,7 @@ class EvaluateConfig:
     # which checkpoints the dev sets score: all, or plateau (only the two the report's checks read: the last, and the
     # last at or before 1 - report.plateau_share of it; a fraction of the cost of all)
     dev_checkpoints: str = "all"
-    # the autocast of step 4's forward passes: auto (bf16 on a CUDA card that has it natively, fp16 on older ones,
+    # the autocast of step 4's forward passes (and of step 3's English scores): auto (bf16 on a CUDA card that has it natively, fp16 on older ones,
     # full precision on the CPU) | 32-true | bf16-mixed (also on a CPU: with AMX or AVX-512 bf16 it is about 2.5x
     # faster than fp32 for a 135M model) | 16-mixed (fp16 on CUDA, bf16 on the CPU, as Lightning does)
     precision: str = "auto"

@@ -97,5 +97,6 @@ def prediction_rows(task: TaskData, records: list[dict[str, Any]], features: lis
 
 
 def evaluate(task: TaskData, body: RobertaMLM, head: nn.Module, records: list[dict[str, Any]],
-             features: list[dict[str, Any]], lang: str, batch_size: int, device: torch.device) -> dict[str, float]:
-    return score(task, records, features, predict(body, head, features, batch_size, device), lang)
+             features: list[dict[str, Any]], lang: str, batch_size: int, device: torch.device,
+             precision: str = "auto") -> dict[str, float]:
+    return score(task, records, features, predict(body, head, features, batch_size, device, precision), lang)

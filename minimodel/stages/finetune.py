@@ -248,8 +248,9 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
 
         def finish(trainer: L.Trainer) -> dict:
             device = next(body.parameters()).device
-            english = {"dev": evaluate(data, body, head, dev_records, dev, "en", cfg.finetune.eval_batch, device),
-                       "test": evaluate(data, body, head, test_records, test, "en", cfg.finetune.eval_batch, device)}
+            batch, precision = cfg.finetune.eval_batch, cfg.evaluate.precision
+            english = {"dev": evaluate(data, body, head, dev_records, dev, "en", batch, device, precision),
+                       "test": evaluate(data, body, head, test_records, test, "en", batch, device, precision)}
             model = Finetuned(**meta, body_state={k: v.cpu() for k, v in body.state_dict().items()},
                               head_state={k: v.cpu() for k, v in head.state_dict().items()},
                               english=english, step=trainer.global_step)
