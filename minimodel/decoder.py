@@ -84,6 +84,22 @@ class Rotary(nn.Module):
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
+SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)  # scaled_dot_product_attention(enable_gqa)
+
+
+def native_gqa(q: Tensor) -> bool:
+    """Grouped-query attention without copying k and v to every query head: the attention kernel's own
+    ``enable_gqa`` (torch 2.5+), on the CPU, where it was measured faster (benchmarks/bench_real_adapt.py); CUDA
+    keeps the copies until the GPU check measures it there."""
+    return SDPA_GQA and q.device.type == "cpu"
+
+
+def cpu_bf16_backward(q: Tensor) -> bool:
+    """A bf16 attention on the CPU that will be differentiated: run in fp32 (torch's CPU flash-attention backward
+    took 33-43 ms in bf16 against 15-23 ms in fp32 at SmolLM2's shapes); the result is cast back to bf16."""
+    return q.device.type == "cpu" and q.dtype == torch.bfloat16 and q.requires_grad
+
+
 class Embeddings(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -122,10 +138,12 @@ class Layer(nn.Module):
         self.rotary = Rotary(cfg) if cfg.positions == "rotary" else None
 
     def ffn(self, x: Tensor) -> Tensor:
-        h = self.ffn_in(x)
-        if self.activation == "swiglu":
-            gate, up = h.chunk(2, dim=-1)
+        if self.activation == "swiglu":  # two products over the halves of [gate; up]: no (T x 2f) cat in backward
+            w, b, f = self.ffn_in.weight, self.ffn_in.bias, self.ffn_out.in_features
+            gate = F.linear(x, w[:f], None if b is None else b[:f])
+            up = F.linear(x, w[f:], None if b is None else b[f:])
             return self.ffn_out(F.silu(gate) * up)
+        h = self.ffn_in(x)
         return self.ffn_out(F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none"))
 
     def attention(self, x: Tensor) -> Tensor:
@@ -139,13 +157,20 @@ class Layer(nn.Module):
         v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
         if self.rotary is not None:
             q, k = self.rotary(q, k)
-        if self.kv_heads != self.heads:  # each key/value head repeated for its group of query heads
+        native = native_gqa(q)
+        if self.kv_heads != self.heads and not native:  # each key/value head repeated for its group of query heads
             group = self.heads // self.kv_heads
             k, v = (t[:, :, None].expand(B, self.kv_heads, group, T, self.head_dim).reshape(B, self.heads, T,
                                                                                           self.head_dim)
                     for t in (k, v))
         p = self.attn_dropout if self.training else 0.0
-        a = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, D)
+        gqa = {"enable_gqa": True} if native and self.kv_heads != self.heads else {}
+        if cpu_bf16_backward(q):  # the CPU's bf16 flash-attention backward is slower than its fp32 one
+            with torch.autocast("cpu", enabled=False):
+                a = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), dropout_p=p, is_causal=True,
+                                                   **gqa).to(q.dtype)  # (B, H, T, D)
+        else:
+            a = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, **gqa)  # (B, H, T, D)
         return self.attn_out(a.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
 
     def forward(self, x: Tensor) -> Tensor:

@@ -55,6 +55,9 @@ class ModelFamily:
     # maps its input through a dense layer and GELU before its norm (RoBERTa's; a decoder's head is its final norm
     # and the projection); ``encode`` returns the last layer through the primary head's norm (a pre-norm stack's
     # final norm, which finetuning then computes)
+    # its bf16 attention on the CPU runs in fp32 where it is differentiated (decoder.cpu_bf16_backward): the memory
+    # plan counts the fp32 copies
+    cpu_fp32_attention: bool = False
     embedding_norm: bool = True
     head_dense: bool = True
     encode_norm: bool = False
@@ -71,7 +74,7 @@ REGISTRY: dict[str, ModelFamily] = {f.name: f for f in (
     ModelFamily("decoder", "decoder-only (causal LM)", "minimodel.decoder:DecoderLM", Objective.CAUSAL,
                 position_offset=0, pooling="last", output_bias=False, norms=("layernorm", "rmsnorm"),
                 positions=("learned", "rotary"), activations=("gelu", "gelu_tanh", "swiglu"), untied=True,
-                unbiased=True, llama=True, hf="minimodel.hf_decoder", embedding_norm=False, head_dense=False, encode_norm=True),
+                unbiased=True, llama=True, hf="minimodel.hf_decoder", cpu_fp32_attention=True, embedding_norm=False, head_dense=False, encode_norm=True),
 )}
 DEFAULT = "encoder"
 

@@ -273,13 +273,23 @@ def layer_activation_bytes(m: ModelConfig, a: int, trains: bool, device: str = "
     and attention's log-sum-exp."""
     h, f, q, kv = m.hidden, m.ffn, m.attn_width, m.kv_width
     normed = 2 * h if trains else 0
-    # q, k, v (narrower k and v under grouped-query attention, which then expands them to every query head for
-    # the attention kernel), rotary's rotated q and k, the attention output
-    grouped = 2 * q if m.key_value_heads != m.heads else 0
+    # q, k, v (narrower k and v under grouped-query attention; CUDA expands them to every query head for the
+    # attention kernel, the CPU's kernel reads them grouped: decoder.native_gqa), rotary's rotated q and k, the
+    # attention output
+    grouped = 2 * q if m.key_value_heads != m.heads and device == "cuda" else 0
     attention = q + 2 * kv + (q + kv if m.positions == "rotary" else 0) + grouped + q
+    # a bf16 attention on the CPU runs in fp32 (decoder.cpu_bf16_backward): its fp32 inputs and output, measured
+    # as (2 q + 2 kv) bytes more per token where the layer trains and half that where the gradient only flows
+    upcast = ((2 if trains else 1) * (2 * q + 2 * kv)
+              if a == 2 and device != "cuda" and families.of(m).cpu_fp32_attention else 0)
+    # Qwen3's q/k RMSNorm on the CPU (composed of elementwise operations): its fp32 inputs, and where its weights
+    # train their normalised inputs; under bf16 autocast also where the gradient only flows (measured, not derived;
+    # CUDA's fused kernel: as norm_bytes)
+    if m.qk_norm and device != "cuda":
+        upcast += 4 * (q + kv) * ((2 if trains else 1) if a == 2 else (1 if trains else 0))
     ffn = ffn_in_width(m) + (f if gated(m) else 0) + (f if trains else 0)  # SwiGLU: SiLU's output too
-    return (a * (normed + attention + ffn) + 2 * norm_bytes(m, trains, device) + 2 * h * mask_bytes(device, a)
-            + 4 * m.heads)
+    return (a * (normed + attention + ffn) + upcast + 2 * norm_bytes(m, trains, device)
+            + 2 * h * mask_bytes(device, a) + 4 * m.heads)
 
 
 def embedding_activation_bytes(m: ModelConfig, kind: str, device: str = "cuda") -> int:
