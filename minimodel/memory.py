@@ -147,8 +147,7 @@ def layer_params(m: ModelConfig) -> int:
     return layer_linear(m) + 2 * norm_params(m) + biases + qk_norm
 
 
-def layer_linear(m: ModelConfig) -> int:
-    """qkv, attention output, FFN in and out (``ModelConfig.layer_linear``)."""
+def layer_linear(m: ModelConfig) -> int:  # qkv, attention output, FFN in and out
     return m.layer_linear
 
 
@@ -278,13 +277,10 @@ def layer_activation_bytes(m: ModelConfig, a: int, trains: bool, device: str = "
     # attention output
     grouped = 2 * q if m.key_value_heads != m.heads and device == "cuda" else 0
     attention = q + 2 * kv + (q + kv if m.positions == "rotary" else 0) + grouped + q
-    # a bf16 attention on the CPU runs in fp32 (decoder.cpu_bf16_backward): its fp32 inputs and output, measured
-    # as (2 q + 2 kv) bytes more per token where the layer trains and half that where the gradient only flows
+    # measured on the CPU, not derived: a bf16 attention there runs in fp32 (decoder.cpu_bf16_backward), and Qwen3's
+    # q/k RMSNorm (elementwise operations) keeps fp32 inputs (and, where its weights train, normalised ones)
     upcast = ((2 if trains else 1) * (2 * q + 2 * kv)
               if a == 2 and device != "cuda" and families.of(m).cpu_fp32_attention else 0)
-    # Qwen3's q/k RMSNorm on the CPU (composed of elementwise operations): its fp32 inputs, and where its weights
-    # train their normalised inputs; under bf16 autocast also where the gradient only flows (measured, not derived;
-    # CUDA's fused kernel: as norm_bytes)
     if m.qk_norm and device != "cuda":
         upcast += 4 * (q + kv) * ((2 if trains else 1) if a == 2 else (1 if trains else 0))
     ffn = ffn_in_width(m) + (f if gated(m) else 0) + (f if trains else 0)  # SwiGLU: SiLU's output too

@@ -1,4 +1,4 @@
-"""docs/results.md and docs/decoder/results.md are exactly what `minimodel report` makes of the committed study
+"""docs/results.md, docs/decoder/results.md and docs/real/results.md are exactly what `minimodel report` makes of the committed study
 results (docs/results/)."""
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import pytest
 from tests.conftest import ROOT
 
 RESULTS = ROOT / "docs" / "results"
-DOCS = [("study", "study_beyond.yaml", "results.md"), ("study_decoder", "study_decoder.yaml", "decoder/results.md")]
+DOCS = [("study", "study_beyond.yaml", "results.md", "lohelp"),
+        ("study_decoder", "study_decoder.yaml", "decoder/results.md", "lohelp"),
+        ("study_real", "study_real.yaml", "real/results.md", "wiki_topics")]
 
 
-@pytest.mark.parametrize("study,experiment,doc", DOCS)
-def test_the_committed_study_results_regenerate_their_document(tmp_path, study, experiment, doc):
+@pytest.mark.parametrize("study,experiment,doc,task", DOCS)
+def test_the_committed_study_results_regenerate_their_document(tmp_path, study, experiment, doc, task):
     if not (RESULTS / study).is_dir():
         pytest.skip(f"no committed {study} results")
     runs = tmp_path / "runs"
@@ -30,5 +32,5 @@ def test_the_committed_study_results_regenerate_their_document(tmp_path, study, 
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert out.read_text() == (ROOT / "docs" / doc).read_text()
-    assert (out.parent / "plots" / "lohelp.png").stat().st_size > 10_000
+    assert (out.parent / "plots" / f"{task}.png").stat().st_size > 10_000
     assert "## The paper's claims" in out.read_text()
