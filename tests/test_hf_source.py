@@ -237,7 +237,9 @@ def test_minipost_from_a_hugging_face_model_through_steps_1b_to_4(tmp_path, corp
         assert step0["bias"][trg] == primary.heads[PRIMARY].bias[src]
 
     # finetune (with the model's tokenizer) and evaluate (German embeddings plugged into the HF model)
-    ft = load_checkpoint(tmp_path / "runs" / "demo" / "minipost" / "finetune" / "lohelp" / "seed1" / "model.pt")
+    # MiniPost shares BL_BASE's finetunings of the public model (as it shares BL_BASE's own when there is none)
+    assert not (tmp_path / "runs" / "demo" / "minipost" / "finetune").exists()
+    ft = load_checkpoint(tmp_path / "runs" / "demo" / "bl_base" / "finetune" / "lohelp" / "seed1" / "model.pt")
     assert ft["tokenizer"]["sha256"] == hf_tok.sha256 and ft["model_config"]["vocab_size"] == BPE_VOCAB + 1
     assert torch.equal(ft["body_state"]["embeddings.tokens.weight"], primary.embeddings.tokens.weight)
     rows = ResultsTable(tmp_path / "runs" / "demo" / "minipost" / "results.jsonl").rows()
