@@ -148,13 +148,7 @@ class Update:
             return self.loss_fn()
 
     def __call__(self) -> torch.Tensor:
-        loss = self.loss()
-        loss.backward()
-        self.guard(self.opt, None, 0)
-        self.opt.step()
-        self.sched.step()
-        self.opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return common.apply_update(self.loss(), self.guard, self.opt, self.sched)
 
 
 def losses(mm: Any, hf: Any, ids: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:

@@ -219,13 +219,18 @@ class TrainStep:
     def __call__(self) -> torch.Tensor:
         with self.autocast():
             losses = self.model.mlm_losses(self.batch["input_ids"], self.batch["labels"], self.heads)
-        loss = torch.stack(list(losses.values())).mean()
-        loss.backward()
-        self.guard(self.opt, None, 0)
-        self.opt.step()
-        self.sched.step()
-        self.opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return apply_update(torch.stack(list(losses.values())).mean(), self.guard, self.opt, self.sched)
+
+
+def apply_update(loss: torch.Tensor, guard: UpdateGuard, opt: torch.optim.Optimizer, sched: Any) -> torch.Tensor:
+    """The rest of an update as the stages make it: backward, the guard (clipping, finite check), the optimiser's
+    step, the schedule's, gradients set to None; returns the loss, detached."""
+    loss.backward()
+    guard(opt, None, 0)
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
 
 
 # --------------------------------------------------------------------------------------------- timing

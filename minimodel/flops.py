@@ -39,9 +39,9 @@ class LayerShape:
 
 
 def layer_flops(hidden: int, seq_len: int, shape: LayerShape | None = None) -> float:
-    """Forward FLOPs of one transformer layer for one sequence (the paper's layer unless ``shape``)."""
-    if shape is None:
-        return 24 * seq_len * hidden**2 + 4 * hidden * seq_len**2
+    """Forward FLOPs of one transformer layer for one sequence: 2 s W + 4 a s^2; the paper's layer (W = 12 h^2,
+    a = h: 24 s h^2 + 4 h s^2) unless ``shape``."""
+    shape = shape or LayerShape(12 * hidden**2, hidden)
     return 2 * seq_len * shape.linear + 4 * shape.attn * seq_len**2
 
 

@@ -190,12 +190,10 @@ def _llama_map(cfg: ModelConfig) -> dict[str, list[str]]:
     return m
 
 
-def _llama_split(cfg: ModelConfig, mine: str, n: int) -> list[int]:
-    """The widths of the ``n`` parts our tensor ``mine`` concatenates (q, k, v: the query width then two key/value
-    widths; gate and up: ffn each)."""
-    if n == 3:
-        return [cfg.attn_width, cfg.kv_width, cfg.kv_width]
-    return [cfg.ffn] * n if n > 1 else [-1]
+def _llama_split(cfg: ModelConfig, n: int) -> list[int]:
+    """The widths of the ``n`` parts one of our tensors concatenates: q, k, v (the query width, then two key/value
+    widths), or gate and up (ffn each)."""
+    return [cfg.attn_width, cfg.kv_width, cfg.kv_width] if n == 3 else [cfg.ffn] * n
 
 
 def _is_gpt2(cfg: ModelConfig) -> bool:
@@ -220,7 +218,7 @@ def our_state_dict_to_hf(model: DecoderLM) -> dict[str, Tensor]:
     else:
         hf = {}
         for mine, theirs in _llama_map(cfg).items():
-            parts = [sd[mine]] if len(theirs) == 1 else sd[mine].split(_llama_split(cfg, mine, len(theirs)), dim=0)
+            parts = [sd[mine]] if len(theirs) == 1 else sd[mine].split(_llama_split(cfg, len(theirs)), dim=0)
             hf.update(zip(theirs, (p.contiguous() for p in parts)))
     if cfg.tie_embeddings:
         hf["lm_head.weight"] = sd["embeddings.tokens.weight"]
