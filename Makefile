@@ -118,6 +118,7 @@ results-real: setup
 	rm -rf docs/results/study_real && mkdir -p docs/results/study_real
 	for f in runs/study_real/*/results.jsonl; do d=docs/results/study_real/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
 	cp runs/study_real/unadapted.jsonl docs/results/study_real/
+	cp runs/study_real/minipost/bridge/metrics.csv docs/results/study_real/minipost/bridge_metrics.csv
 	$(MM) report experiments/study_real.yaml runs_dir=docs/results --out docs/real/results.md
 
 wiki-topics: setup
