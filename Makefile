@@ -43,7 +43,7 @@ $(BIN)/.installed: pyproject.toml
 setup: $(BIN)/.installed
 
 test: setup lint
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=30 tests
 
 # a single-node SLURM on this machine (scripts/local_slurm.sh; root or sudo, Debian packages), the real-SLURM
 # tests against it, then down again; skipped with the reason where SLURM cannot be had

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,8 +186,10 @@ def _records(path: Path) -> Iterator[bytes]:
         if left < _HEADER:  # a block's tail too short for a record header is padding
             pos += left
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + _HEADER])
+        crc, length, kind = struct.unpack("<IHB", data[pos:pos + _HEADER])
         chunk, pos = data[pos + _HEADER:pos + _HEADER + length], pos + _HEADER + length
+        if kind and (len(chunk) < length or zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != crc):
+            break  # a record wandb's service is still writing (read while the run is finishing): not there yet
         if kind == _FULL:
             yield chunk
         elif kind == _FIRST:
@@ -219,6 +222,23 @@ def read_history(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             elif kind == "summary":
                 summary.update({key(i): json.loads(i.value_json) for i in record.summary.update})
     return history, summary
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether an offline run directory's transaction log is whole: its last record, the run's exit, is written.
+    ``run.finish`` can return before wandb's service has written it on a busy machine."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    logs = list(Path(run_dir).glob("run-*.wandb"))
+    for path in logs:
+        kinds = []
+        for raw in _records(path):
+            record = pb.Record()
+            record.ParseFromString(raw)
+            kinds.append(record.WhichOneof("record_type"))
+        if "exit" not in kinds:
+            return False
+    return bool(logs)
 
 
 def offline_runs(directory: Path) -> dict[str, list[Path]]:

@@ -155,15 +155,16 @@ def test_embeddings_alone_plug_into_the_primary_model(tiny_finetuned, tmp_path):
 
 
 def named_offline_runs(directory: Path, names: list[str], timeout: float = 60.0) -> dict[str, list[Path]]:
-    """``wandb_results.offline_runs`` once every run in ``directory`` is named and ``names`` are all there: on a busy
-    machine wandb's service may still be writing a run's transaction log (its run record) when ``finish`` has
-    returned (a CI run read an unnamed ``offline-run-*`` there)."""
-    from minimodel.wandb_results import offline_runs
+    """``wandb_results.offline_runs`` once every run in ``directory`` is named, whole (its exit record written) and
+    ``names`` are all there: on a busy machine wandb's service may still be writing a run's transaction log when
+    ``finish`` has returned (CI runs read an unnamed ``offline-run-*``, and a half-written record, there)."""
+    from minimodel.wandb_results import finished, offline_runs
 
     end = time.monotonic() + timeout
     while True:
         found = offline_runs(directory)
-        if set(names) <= set(found) and not any(k.startswith("offline-run-") for k in found):
+        if (set(names) <= set(found) and not any(k.startswith("offline-run-") for k in found)
+                and all(finished(d) for dirs in found.values() for d in dirs)):
             return found
         if time.monotonic() > end:
             return found  # the caller's assertion shows what was there
@@ -174,7 +175,7 @@ def test_results_on_wandb_offline_read_back(tiny_finetuned, tmp_path, monkeypatc
     """A tiny evaluation and report with wandb offline: the runs' logged values, read back from wandb's own
     transaction logs, are the results rows; the report run holds the report's tables."""
     from minimodel.results import ResultsTable
-    from minimodel.wandb_results import read_history
+    from minimodel.wandb_results import finished, read_history
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     for k in ("WANDB_API_KEY", "WANDB_BASE_URL"):
@@ -213,6 +214,19 @@ def test_results_on_wandb_offline_read_back(tiny_finetuned, tmp_path, monkeypatc
     keys = {k.split("/")[1] for h in history for k in h if k.startswith("tables/")}
     assert any("Table 2" in k or "Table_2" in k for k in keys), keys
     assert any(k.startswith("plots/") for h in history for k in h)
+
+    # a log read while wandb's service is still writing its last record: what is whole is read, the run is not finished
+    torn = tmp_path / "torn"
+    shutil.copytree(report["report"][0], torn)
+    log = next(torn.glob("run-*.wandb"))
+    whole = log.read_bytes()
+    assert finished(torn)
+    for cut in (len(whole) - 3, len(whole) - 40):
+        log.write_bytes(whole[:cut])
+        assert not finished(torn)
+        assert read_history(torn)[0] == history  # the cut falls in the summary/exit tail, after the history
+    log.write_bytes(whole[:-3] + bytes([whole[-3] ^ 0xFF]) + whole[-2:])  # same length, a byte changed
+    assert not finished(torn)
 
 
 def test_a_question_answering_model_exports_with_its_span_head(tmp_path):
