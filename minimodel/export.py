@@ -161,9 +161,29 @@ def _write(cfg: ExperimentConfig, emb: Embeddings, out: Path, embeddings_only: b
         what = {"kind": "text-generation" if causal(cfg.model) else "fill-mask", "primary_model": r.primary}
         body = model
     # a classifier (either family) reads step 3's template <s> A </s>; a causal LM's prompt is <s> A
-    fast_tokenizer(tok.path, max_tokens(body.cfg), causal=causal(body.cfg) and not cfg.task).save_pretrained(str(out))
+    fast = fast_tokenizer(tok.path, max_tokens(body.cfg), causal=causal(body.cfg) and not cfg.task)
+    fast.save_pretrained(str(out))
+    _check_auto_tokenizer(out, fast)
     _write_provenance(out, emb, **what)
     return str(what["kind"])
+
+
+PROBE = ["Das ist ein kleiner Test.", "La capitale de la France est Paris.", "El 3 de mayo de 1999, ¿qué pasó?",
+         "Ölçüm sonuçları: 42 %", "The quick brown fox jumps over the lazy dog"]
+"""Text the exported tokenizer must encode as ours does, read back the way users read it (``AutoTokenizer``)."""
+
+
+def _check_auto_tokenizer(out: Path, fast: Any) -> None:
+    """Refuse an export whose tokenizer ``AutoTokenizer`` would not load as written (transformers can substitute a
+    model type's own tokenizer class for the one a directory declares)."""
+    import transformers
+
+    loaded = transformers.AutoTokenizer.from_pretrained(str(out))
+    for text in PROBE:
+        if loaded(text)["input_ids"] != fast(text)["input_ids"]:
+            raise PlugError(f"{out}: AutoTokenizer loads the exported tokenizer as {type(loaded).__name__}, which "
+                            f"encodes {text!r} differently from the target language's SentencePiece model; this "
+                            f"model type cannot carry a new tokenizer in this transformers version")
 
 
 def push_to_hub(out: Path, repo: str) -> None:  # pragma: no cover - needs the network and credentials

@@ -16,9 +16,11 @@ stores (in, out), so every matrix is transposed)::
     T.ln_f                             -> heads.primary.norm
     lm_head                            -> tied to embeddings.tokens
 
-Llama (``model_type: llama``) -> ``norm: rmsnorm, positions: rotary, activation: swiglu, bias: false``, tied or
-untied (``tie_word_embeddings``). Only plain Llama: as many key/value heads as heads, ``head_dim = hidden / heads``,
-no rope scaling, no attention or MLP biases (``M.`` = ``model.layers.{i}.``)::
+The Llama family (``model_type`` llama, mistral, qwen2, qwen3) -> ``norm: rmsnorm, positions: rotary, activation:
+swiglu, bias: false``, tied or untied (``tie_word_embeddings``), with what each type ships: grouped-query attention
+(``kv_heads``), a free head width (``head_size``), rope theta and the scalings linear / llama3, q/k/v biases (qwen2:
+``qkv_bias``), per-head q/k RMSNorm (qwen3: ``qk_norm``), a sliding window (``sliding_window``); no MLP biases
+(``M.`` = ``model.layers.{i}.``)::
 
     model.embed_tokens                 -> embeddings.tokens
     M.input_layernorm / M.post_attention_layernorm -> layers.{i}.attn_norm / ffn_norm
@@ -27,6 +29,12 @@ no rope scaling, no attention or MLP biases (``M.`` = ``model.layers.{i}.``)::
     M.mlp.{gate,up}_proj / M.mlp.down_proj -> layers.{i}.ffn_in ([gate; up]) / ffn_out
     model.norm                         -> heads.primary.norm
     lm_head                            -> heads.primary.decoder (untied), or tied to embeddings.tokens
+
+An export with a new tokenizer (``minimodel export``: the target language's SentencePiece model) is written as the
+source's type, except where transformers' ``AutoTokenizer`` would not load that tokenizer: for ``qwen2`` it builds
+Qwen2's own byte-level BPE whatever the directory declares (transformers 5), which cannot hold a SentencePiece
+vocabulary, so a Qwen2 model is written as ``llama`` with ``attention_bias`` (its q/k/v biases, and an output-projection
+bias of zeros): the same function, and a tokenizer that loads as written (``export_type``).
 
 Padding: neither model has a padding token; ``pad_id`` is ``pad_token_id`` where the config sets one, else the
 end-of-sequence id (the tokenizer side does the same: ``HFTokenizer(causal=True)``). Secondary heads are not exported.
@@ -92,7 +100,6 @@ def _llama_like(hf_config: Any, kind: str, refuse: Any) -> ModelConfig:
     heads, hidden = int(hf_config.num_attention_heads), int(hf_config.hidden_size)
     rope = _rope(hf_config)
     checks = [("hidden_act", hf_config.hidden_act, ("silu",)), ("mlp_bias", bool(getattr(hf_config, "mlp_bias", False)), (False,)),
-              ("attention_bias", bool(getattr(hf_config, "attention_bias", False)), (False,)),
               ("rope_type", rope["rope_type"], tuple(ROPE_TYPES))]
     for name, value, allowed in checks:
         if value not in allowed:
@@ -112,7 +119,8 @@ def _llama_like(hf_config: Any, kind: str, refuse: Any) -> ModelConfig:
         rope_factor=float(rope.get("factor", 1.0)), rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
         rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
         rope_original_max_positions=int(rope.get("original_max_position_embeddings", 8192)),
-        qkv_bias=kind == "qwen2", qk_norm=kind == "qwen3", sliding_window=_window(hf_config, kind))
+        qkv_bias=kind == "qwen2" or (kind == "llama" and bool(getattr(hf_config, "attention_bias", False))),
+        qk_norm=kind == "qwen3", sliding_window=_window(hf_config, kind))
 
 
 def hf_type(cfg: ModelConfig) -> str:
@@ -206,6 +214,11 @@ def hf_state_dict_to_ours(hf_sd: dict[str, Tensor], cfg: ModelConfig) -> dict[st
         ours = {mine: get(theirs).t().contiguous() if t else get(theirs) for mine, (theirs, t) in _gpt2_map(cfg).items()}
     else:
         ours = {mine: torch.cat([get(k) for k in theirs], dim=0) for mine, theirs in _llama_map(cfg).items()}
+        # Llama's attention_bias (what a Qwen2 export is written as) biases the output projection too: ours has none
+        o_bias = [k for k in hf_sd if k.endswith("self_attn.o_proj.bias") and bool(hf_sd[k].detach().any())]
+        if o_bias:
+            raise ValueError(f"attention_bias with a non-zero output-projection bias ({o_bias[0]}, ...): the decoder "
+                             f"family has q/k/v biases only (Qwen2's); a Llama written by minimodel export has zeros")
     if cfg.tie_embeddings:
         ours[f"heads.{PRIMARY}.decoder.weight"] = ours["embeddings.tokens.weight"]
     return ours
@@ -272,9 +285,35 @@ def _window_options(kind: str, window: int) -> dict[str, Any]:
     return {}
 
 
-def hf_config(cfg: ModelConfig, bos: int, eos: int, pad: int) -> Any:
+def _tokenizer_bound(kind: str) -> bool:
+    """Whether transformers' ``AutoTokenizer`` ignores the tokenizer class a ``kind`` directory declares and builds the
+    type's own (its list of model types whose hub tokenizer classes it distrusts; qwen2 in transformers 5)."""
+    try:
+        from transformers.models.auto import tokenization_auto
+    except ImportError:  # pragma: no cover - transformers is checked by _transformers()
+        return False
+    return kind in getattr(tokenization_auto, "MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS", ())
+
+
+def export_type(cfg: ModelConfig, new_tokenizer: bool) -> str:
+    """The ``model_type`` ``to_hf`` writes a Llama-family ``cfg`` as: ``hf_type``, or with a ``new_tokenizer`` beside it
+    and a type whose tokenizer transformers replaces (``_tokenizer_bound``), ``llama`` where Llama can express the
+    model exactly (q/k/v biases through ``attention_bias``, no q/k norm, no sliding window); ValueError otherwise."""
+    kind = hf_type(cfg)
+    if not (new_tokenizer and _tokenizer_bound(kind)):
+        return kind
+    if cfg.qk_norm or cfg.sliding_window:
+        raise ValueError(f"a {kind} model with a new tokenizer cannot be exported: transformers' AutoTokenizer "
+                         f"replaces any tokenizer beside a {kind} config with {kind}'s own, and Llama cannot hold "
+                         f"qk_norm={cfg.qk_norm}, sliding_window={cfg.sliding_window}")
+    log.info(f"export: written as model_type llama (attention_bias, output-projection bias 0), not {kind}: "
+             f"transformers' AutoTokenizer would replace the new tokenizer beside a {kind} config with {kind}'s own")
+    return "llama"
+
+
+def hf_config(cfg: ModelConfig, bos: int, eos: int, pad: int, kind: str | None = None) -> Any:
     """The transformers config of ``cfg`` (``GPT2Config``, or ``LlamaConfig`` / ``MistralConfig`` / ``Qwen2Config`` /
-    ``Qwen3Config`` by ``hf_type``); ValueError for options none of them has."""
+    ``Qwen3Config`` by ``kind``, by default ``hf_type``); ValueError for options none of them has."""
     tf = _transformers()
     if cfg.positions == "learned" and cfg.norm == "layernorm" and cfg.bias and cfg.tie_embeddings and \
             cfg.activation in ("gelu_tanh", "gelu") and not cfg.llama_options():
@@ -285,10 +324,10 @@ def hf_config(cfg: ModelConfig, bos: int, eos: int, pad: int) -> Any:
             activation_function="gelu_new" if cfg.activation == "gelu_tanh" else "gelu", bos_token_id=bos,
             eos_token_id=eos, pad_token_id=pad, tie_word_embeddings=True)
     if cfg.positions == "rotary" and cfg.norm == "rmsnorm" and not cfg.bias and cfg.activation == "swiglu":
-        kind = hf_type(cfg)
+        kind = kind or hf_type(cfg)
         cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config,
                "qwen3": tf.Qwen3Config}[kind]
-        extra: dict[str, Any] = {"attention_bias": False} if kind in ("llama", "qwen3") else {}
+        extra: dict[str, Any] = {"attention_bias": cfg.qkv_bias} if kind in ("llama", "qwen3") else {}
         return cls(
             vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
             num_attention_heads=cfg.heads, num_key_value_heads=cfg.key_value_heads, head_dim=cfg.head_dim,
@@ -303,15 +342,22 @@ def hf_config(cfg: ModelConfig, bos: int, eos: int, pad: int) -> Any:
                      f"transformers class")
 
 
-def to_hf(model: DecoderLM, path: str | Path, bos: int = 0, eos: int = 2, pad: int = 1) -> None:
+def to_hf(model: DecoderLM, path: str | Path, bos: int = 0, eos: int = 2, pad: int = 1,
+          new_tokenizer: bool = True) -> None:
     """Save ``model`` (its primary head) as a HF ``GPT2LMHeadModel`` or Llama-family ``*ForCausalLM`` directory,
     which ``AutoModelForCausalLM`` loads; ``bos`` / ``eos`` / ``pad``: the ids of the tokenizer shipped with it (by
     default a SentencePiece model's <s> 0, </s> 2, <pad> 1: what ``minimodel export`` writes, whatever the source
-    model's tokenizer padded with)."""
+    model's tokenizer padded with); ``new_tokenizer``: a tokenizer other than the type's own goes beside it (the
+    written type: ``export_type``)."""
     tf = _transformers()
-    config = hf_config(model.cfg, bos, eos, pad)
+    kind = None if _is_gpt2(model.cfg) else export_type(model.cfg, new_tokenizer)
+    config = hf_config(model.cfg, bos, eos, pad, kind)
     hf_model = tf.AutoModelForCausalLM.from_config(config)
-    missing, unexpected = hf_model.load_state_dict(our_state_dict_to_hf(model), strict=False)
+    weights = our_state_dict_to_hf(model)
+    if kind == "llama" and model.cfg.qkv_bias:  # Llama's attention_bias also gives the output projection one: 0
+        weights.update({k.replace(".weight", ".bias"): torch.zeros(v.shape[0], dtype=v.dtype)
+                        for k, v in weights.items() if k.endswith("self_attn.o_proj.weight")})
+    missing, unexpected = hf_model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]
     if missing or unexpected:
         raise ValueError(f"weights do not map onto {type(hf_model).__name__}: missing {missing}, unexpected {unexpected}")

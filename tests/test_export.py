@@ -171,6 +171,23 @@ def named_offline_runs(directory: Path, names: list[str], timeout: float = 60.0)
         time.sleep(0.5)
 
 
+def test_an_export_whose_tokenizer_autotokenizer_would_replace_is_refused(prepared, corpus_dir, tmp_path):
+    """Beside a qwen2 config, transformers' AutoTokenizer builds Qwen2's own BPE whatever tokenizer the directory
+    holds: an export checks its tokenizer as users load it, and refuses one that would encode differently."""
+    import transformers
+
+    from minimodel.export import PlugError, _check_auto_tokenizer
+
+    ours = load_prepared_tokenizer(tiny_config(prepared, corpus_dir, prepared=prepared), "de")
+    fast = fast_tokenizer(ours.path, 64, causal=True)
+    for kind in ("llama", "qwen2"):
+        fast.save_pretrained(tmp_path / kind)
+        getattr(transformers, {"llama": "LlamaConfig", "qwen2": "Qwen2Config"}[kind])().save_pretrained(tmp_path / kind)
+    _check_auto_tokenizer(tmp_path / "llama", fast)
+    with pytest.raises(PlugError, match="Qwen2Tokenizer.*encodes"):
+        _check_auto_tokenizer(tmp_path / "qwen2", fast)
+
+
 def test_results_on_wandb_offline_read_back(tiny_finetuned, tmp_path, monkeypatch):
     """A tiny evaluation and report with wandb offline: the runs' logged values, read back from wandb's own
     transaction logs, are the results rows; the report run holds the report's tables."""

@@ -49,6 +49,21 @@ def llama_tokenizer(out: Path, vocab: int = 600) -> Path:
     return out
 
 
+def qwen2_tokenizer(out: Path, vocab: int = 600) -> Path:
+    """A Qwen2-style byte-level BPE: <|endoftext|> (end of text and padding), <|im_start|> and <|im_end|>, no
+    beginning-of-sequence token, no mask token."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    specials = [EOT, "<|im_start|>", "<|im_end|>"]
+    backend = ByteLevelBPETokenizer()
+    backend.train_from_iterator(real_text("en", 200_000).splitlines(), vocab_size=vocab, min_frequency=2,
+                                special_tokens=specials, show_progress=False)
+    transformers.Qwen2TokenizerFast(tokenizer_object=backend._tokenizer, bos_token=None, eos_token=EOT,
+                                    pad_token=EOT, unk_token=None,
+                                    additional_special_tokens=specials[1:]).save_pretrained(out)
+    return out
+
+
 LLAMA_FAMILY = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 """model_type -> the prefix of transformers' config and model classes."""
 SHIPPED = {  # each type as current checkpoints use it: grouped-query attention and the type's own options
@@ -97,13 +112,21 @@ def test_from_hf_gives_the_hf_logits_and_to_hf_round_trips(tmp_path, kind, optio
     x = torch.randint(3, 300, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():  # fp32, the same operations in the same order: equal up to rounding (seen: exactly equal)
         assert (hf(x).logits - ours.logits(x)).abs().max() < 1e-5
-    to_hf(ours, tmp_path / "back", bos=0, eos=2, pad=1)
+    to_hf(ours, tmp_path / "back", bos=0, eos=2, pad=1, new_tokenizer=False)
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
     assert type(again).__name__ == type(hf).__name__ and again.config.model_type == kind
     with torch.no_grad():
         assert (again(x).logits - ours.logits(x)).abs().max() < 1e-5
     back = from_hf(tmp_path / "back")
     assert back.cfg == replace(ours.cfg, pad_id=1) and back.state_dict().keys() == ours.state_dict().keys()
+    # with a new tokenizer beside it (minimodel export), a Qwen2 model is written as Llama with attention biases
+    # (AutoTokenizer would replace any tokenizer beside a qwen2 config with Qwen2's own): the same logits, read back
+    to_hf(ours, tmp_path / "export", bos=0, eos=2, pad=1)
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export").eval()
+    assert exported.config.model_type == ("llama" if kind == "qwen2" else kind)
+    with torch.no_grad():
+        assert (exported(x).logits - ours.logits(x)).abs().max() < 1e-5
+    assert from_hf(tmp_path / "export").cfg == replace(ours.cfg, pad_id=1)
 
 
 def test_the_shipped_options_are_read_as_declared_fields(tmp_path):
@@ -144,7 +167,7 @@ def test_rope_scalings_give_transformers_frequencies():
         assert not torch.allclose(ours, plain)
 
 
-@pytest.mark.parametrize("field,value", [("hidden_act", "gelu"), ("attention_bias", True), ("mlp_bias", True),
+@pytest.mark.parametrize("field,value", [("hidden_act", "gelu"), ("mlp_bias", True),
                                          ("rope_scaling", {"rope_type": "yarn", "factor": 4.0})])
 def test_what_the_family_lacks_is_refused_by_name(tmp_path, field, value):
     config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -153,6 +176,26 @@ def test_what_the_family_lacks_is_refused_by_name(tmp_path, field, value):
     name = "rope_type" if field == "rope_scaling" else field
     with pytest.raises(ValueError, match=name):
         from_hf(tmp_path / "m")
+
+
+def test_llama_attention_biases_load_as_qkv_biases_only_when_the_output_bias_is_zero(tmp_path):
+    """Llama's ``attention_bias`` biases q, k, v and the output projection; the family has q/k/v biases (Qwen2's), so
+    a Llama with zero output biases (what a Qwen2 export is written as) loads, and one with any other is refused."""
+    config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=48, attention_bias=True)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.bias.normal_(0, 0.5)
+    model.save_pretrained(tmp_path / "zero")
+    ours = from_hf(tmp_path / "zero")
+    assert ours.cfg.qkv_bias
+    x = torch.randint(0, 100, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (model(x).logits - ours.logits(x)).abs().max() < 1e-5
+        model.model.layers[0].self_attn.o_proj.bias.fill_(0.1)
+    model.save_pretrained(tmp_path / "biased")
+    with pytest.raises(ValueError, match="output-projection bias"):
+        from_hf(tmp_path / "biased")
 
 
 def test_unsupported_decoders_are_clear_errors(tmp_path):
@@ -168,17 +211,19 @@ def test_unsupported_decoders_are_clear_errors(tmp_path):
 
 
 @pytest.mark.slow
-# qwen2 is not in this chain: with its config beside this Llama-style tokenizer, AutoTokenizer loads it with one piece
-# more than the model's vocabulary, which minimodel refuses, as it should (its logits and round trip: above)
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral", "qwen3"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral", "qwen2", "qwen3"])
 def test_minipost_from_a_public_decoder_steps_1b_to_4_and_export_to_a_text_generation_pipeline(tmp_path, corpus_dir,
                                                                                                kind):
     """GPT-2 (tied, byte-level BPE, <|endoftext|> for everything) or a Llama-family model (unigram, <s> = 1, </s> = 2):
-    plain Llama untied, Mistral and Qwen3 with the options they ship with (``SHIPPED``: grouped-query attention, a
-    sliding window, q/k norm and a head width apart from hidden / heads)."""
+    plain Llama untied, Mistral, Qwen2 and Qwen3 with the options they ship with (``SHIPPED``: grouped-query attention,
+    a sliding window, q/k/v biases, q/k norm and a head width apart from hidden / heads); Qwen2 with its own kind of
+    tokenizer (byte-level BPE, <|endoftext|> = 0, no beginning-of-sequence token)."""
     if kind == "gpt2":
         source = gpt2_tokenizer(tmp_path / "tiny-gpt2")
         ids = {"bos_token_id": 0, "eos_token_id": 0}
+    elif kind == "qwen2":
+        source = qwen2_tokenizer(tmp_path / "tiny-qwen2")
+        ids = {"bos_token_id": None, "eos_token_id": 0}
     else:
         source = llama_tokenizer(tmp_path / "tiny-llama")
         ids = {"bos_token_id": 1, "eos_token_id": 2}
@@ -205,7 +250,10 @@ def test_minipost_from_a_public_decoder_steps_1b_to_4_and_export_to_a_text_gener
     assert main(["export", experiment, *args, "lang=de", "--out", str(out)]) == 0
     model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
-    assert type(model).__name__ == ("GPT2LMHeadModel" if kind == "gpt2" else f"{LLAMA_FAMILY[kind]}ForCausalLM")
+    # a Qwen2 model is written as Llama with attention biases (hf_decoder.export_type): AutoTokenizer would replace
+    # the German SentencePiece tokenizer beside a qwen2 config with Qwen2's byte-level BPE
+    written = {"gpt2": "GPT2LMHeadModel", "qwen2": "LlamaForCausalLM"}.get(kind) or f"{LLAMA_FAMILY[kind]}ForCausalLM"
+    assert type(model).__name__ == written
     assert tok.is_fast
     assert model.config.tie_word_embeddings == (kind == "gpt2")
     assert (model.config.pad_token_id, model.config.eos_token_id) == (tok.pad_token_id, tok.eos_token_id) == (1, 2)
