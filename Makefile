@@ -1,7 +1,7 @@
 # minimodel: `make demo` runs all four systems on the bundled demo data, `make test` runs the tests.
 # Both create .venv and install what they need (a pinned torch first, then the package).
 #
-# Experiments: make study (the evidence), make study-beyond (+ the extensions' rows); then make results (docs/results.md); make study-decoder, then make results-decoder (docs/decoder/results.md); make study-real, then make results-real (SmolLM2-135M: docs/real/results.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
+# Experiments: make study (the evidence), make study-beyond (+ the extensions' rows); then make results (docs/results.md); make study-decoder, then make results-decoder (docs/decoder/results.md); make study-real, then make results-real (SmolLM2-135M: docs/real/results.md); make study-real-fr, then make results-real-fr (docs/real/results_fr.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
 # Each runs every step in order (prepare, pretrain, bridge, adapt per language, finetune per task and
 # seed, evaluate, report), skips finished steps and resumes unfinished ones. Overrides:
 #   make minijoint LANGS=de,tr TASKS=xnli SEEDS=2 ARGS="pretrain.optim.micro_batch=16"
@@ -27,7 +27,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus smollm2 study-real results-real
+.PHONY: help setup test test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus smollm2 study-real results-real study-real-fr results-real-fr
 
 help:
 	@sed -n '1,10p' Makefile
@@ -113,6 +113,21 @@ smollm2: setup
 study-real: smollm2 wiki-topics-corpus
 	$(MM) run experiments/study_real.yaml $(OVERRIDES)
 	$(BIN)/python scripts/unadapted_reference.py experiments/study_real.yaml
+
+# its second run (French only; a 10x bridge and 8x step 2), reusing study-real's English finetunings where they
+# exist (hard links; minimodel's stage identity accepts them): about 1.5 hours more. Then make results-real-fr
+study-real-fr: smollm2 wiki-topics-corpus
+	mkdir -p runs/study_real_fr/bl_base
+	if [ -d runs/study_real/bl_base/finetune ] && [ ! -e runs/study_real_fr/bl_base/finetune ]; then cp -al runs/study_real/bl_base/finetune runs/study_real_fr/bl_base/; fi
+	$(MM) run experiments/study_real_fr.yaml $(OVERRIDES)
+	$(BIN)/python scripts/unadapted_reference.py experiments/study_real_fr.yaml
+
+results-real-fr: setup
+	rm -rf docs/results/study_real_fr && mkdir -p docs/results/study_real_fr
+	for f in runs/study_real_fr/*/results.jsonl; do d=docs/results/study_real_fr/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
+	cp runs/study_real_fr/unadapted.jsonl docs/results/study_real_fr/
+	cp runs/study_real_fr/minipost/bridge/metrics.csv docs/results/study_real_fr/minipost/bridge_metrics.csv
+	$(MM) report experiments/study_real_fr.yaml runs_dir=docs/results --out docs/real/results_fr.md
 
 results-real: setup
 	rm -rf docs/results/study_real && mkdir -p docs/results/study_real

@@ -310,6 +310,26 @@ CATCH_EARLY = ("prepare", "pretrain", "bridge", "adapt", "finetune", "evaluate",
 recorded and honoured (``signals``), not fatal."""
 
 
+THREADED = ("pretrain", "bridge", "adapt", "finetune", "evaluate", "export")
+"""Commands whose torch operations run on the threads ``threads.apply`` chooses (prepare: ``data.encode_threads``)."""
+
+
+def _cpu(command: str, cfg: ExperimentConfig) -> None:
+    """OpenMP's wait policy, which it reads once when torch loads it (``threads.wait_policy``, set in the environment
+    while torch is not yet imported: a command line's process, not a test's nor run's later steps); then, for a
+    command of ``THREADED``, its threads (``threads.apply``)."""
+    import os
+
+    from minimodel import threads
+
+    if command in (*THREADED, "run") and "torch" not in sys.modules:
+        policy = threads.wait_policy(os.environ, threads.usable_cpus(), threads.busy_cpus)
+        if policy:
+            os.environ["OMP_WAIT_POLICY"] = policy
+    if command in THREADED:
+        threads.apply(cfg.cpu.threads, cfg.cpu.side_by_side, command)
+
+
 def _interrupted(command: str) -> int:
     log.error(f"{command}: interrupted (Ctrl-C): stopped at once; every file it wrote is whole (none is left "
               f"half-written): rerun the same command to go on")
@@ -334,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_experiment(args.config, args.overrides)
         if args.command in CATCH_EARLY:
             early = signals.catch_early()
+        _cpu(args.command, cfg)
         stopped = COMMANDS[args.command][0](cfg, args)
     except StepFailed as e:
         log.error(f"{args.command}: {e}")

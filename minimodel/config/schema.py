@@ -367,6 +367,17 @@ class ReportConfig:
 
 
 @dataclass
+class CpuConfig:
+    """The CPU threads of each stage's torch operations (minimodel/threads.py; not part of what a run produces)."""
+
+    # intra-op threads; 0 = OMP_NUM_THREADS where the environment sets it, else chosen from the CPUs this process may
+    # use less those other work keeps busy when the stage starts, shared among side_by_side processes
+    threads: int = 0
+    # how many minimodel processes share this machine's CPUs (e.g. 2 experiments run at once): each takes its share
+    side_by_side: int = 1
+
+
+@dataclass
 class LoggingConfig:
     wandb: str = "auto"  # auto (offline unless an API key is configured) | online | offline | disabled
     project: str = ""  # default: minimodel-{name}
@@ -397,6 +408,7 @@ class ExperimentConfig:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    cpu: CpuConfig = field(default_factory=CpuConfig)
 
     @property
     def label(self) -> str:

@@ -1,0 +1,120 @@
+"""Threads under load: the demo's pretraining stage idle and beside CPU hogs, with the old thread setting and the new.
+
+old: what minimodel did before it chose threads: torch's default team (one thread per core: ``cpu.threads`` = the
+usable CPUs) and OpenMP's default wait policy (torch imported before the command runs, so nothing sets it). new: the
+default configuration (``cpu.threads: 0``: ``threads.choose_threads`` and ``threads.wait_policy`` decide, as the
+command line does). Loaded: ``--hogs`` processes spinning in pure Python beside the stage (2 on this 2-core machine:
+loaded twice over). Each run is one ``minimodel pretrain`` of the demo's BL_BASE (4 layers of width 64, 32 x 128
+tokens per update) in a fresh process, stopped cleanly after ``--minutes``; its speed is the median tokens/s of its
+logged intervals after the first. The figure of merit: each setting's loaded speed against the idle speed of the
+default setting of its time (idle old), as a slowdown ratio; target (issue 44): the new setting within 1.5x.
+
+    .venv/bin/python benchmarks/bench_threads.py [--minutes 1.0] [--hogs 2] [--reps 1] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+DEMO = str(ROOT / "experiments" / "demo.yaml")
+OLD = "import sys, torch; from minimodel.cli import main; sys.exit(main(sys.argv[1:]))"  # torch first: no policy set
+NEW = "import sys; from minimodel.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS")}
+    env["WANDB_MODE"] = "disabled"
+    return env
+
+
+def run_stage(work: Path, name: str, setting: str, minutes: float, cpus: int) -> dict[str, float]:
+    runs = work / "runs" / name
+    args = [DEMO, "system=bl_base", f"runs_dir={runs}", f"data.prepared_dir={work / 'prepared'}", "data.num_workers=0",
+            "logging.wandb=disabled", "pretrain.trainer.log_every=5", f"pretrain.trainer.max_minutes={minutes}",
+            "pretrain.trainer.val_every=100000", "pretrain.trainer.ckpt_every=100000", "--no-progress"]
+    if setting == "old":
+        args.append(f"cpu.threads={cpus}")
+    start = time.monotonic()
+    proc = subprocess.run([PY, "-c", OLD if setting == "old" else NEW, "pretrain", *args], env=_env(), cwd=ROOT,
+                          capture_output=True, text=True)
+    wall = time.monotonic() - start
+    if proc.returncode not in (0, 3):
+        raise SystemExit(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    chose = next((line.split("pretrain: ", 1)[1] for line in proc.stderr.splitlines() if "CPU thread" in line), "?")
+    metrics = next(runs.glob("**/pretrain/metrics.csv"))
+    with metrics.open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("perf/tokens_per_sec")]
+    speeds = [float(r["perf/tokens_per_sec"]) for r in rows[1:]] or [float(r["perf/tokens_per_sec"]) for r in rows]
+    updates = max(float(r["train/updates"]) for r in rows) if rows else 0.0
+    return {"tokens_per_s": statistics.median(speeds) if speeds else 0.0, "updates": updates, "wall_s": wall,
+            "threads": chose}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=1.0)
+    p.add_argument("--hogs", type=int, default=2)
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    cpus = len(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        subprocess.run([PY, "-m", "minimodel.cli", "prepare", DEMO, f"data.prepared_dir={work / 'prepared'}",
+                        "--langs=en", "--no-progress"], env=_env(), cwd=ROOT, check=True, capture_output=True)
+        rows = []
+        for rep in range(args.reps):
+            for load in ("idle", "loaded"):
+                hogs = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(args.hogs if load == "loaded"
+                                                                                       else 0)]
+                try:
+                    time.sleep(2 if hogs else 0)
+                    for setting in ("old", "new"):
+                        row = {"rep": rep, "load": load, "setting": setting,
+                               **run_stage(work, f"{load}-{setting}-{rep}", setting, args.minutes, cpus)}
+                        rows.append(row)
+                        print(f"{load:6} {setting}: {row['tokens_per_s']:9,.0f} tokens/s, {row['updates']:5.0f} updates "
+                              f"in {row['wall_s']:.0f} s; {row['threads']}", flush=True)
+                finally:
+                    for h in hogs:
+                        h.kill()
+                        h.wait()
+
+    def speed(load: str, setting: str) -> float:
+        return statistics.median(r["tokens_per_s"] for r in rows if (r["load"], r["setting"]) == (load, setting))
+
+    idle = speed("idle", "old")
+    ratios = {f"{load} {setting}": idle / speed(load, setting) for load in ("idle", "loaded") for setting in ("old", "new")}
+    print(f"\nslowdown against idle old ({idle:,.0f} tokens/s), {args.hogs} CPU hogs on {cpus} CPUs when loaded:")
+    for k, v in ratios.items():
+        print(f"  {k:12} {v:5.2f}x")
+    met = ratios["loaded new"] <= 1.5
+    print(f"target (loaded new within 1.5x of idle): {'met' if met else 'not met'}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"cpus": cpus, "hogs": args.hogs, "minutes": args.minutes, "rows": rows,
+                                         "slowdown": ratios, "target": 1.5, "target_met": met,
+                                         "cpu": _cpu_name()}, indent=1))
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    except OSError:
+        return "?"
+
+
+if __name__ == "__main__":
+    main()
