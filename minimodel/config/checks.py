@@ -257,6 +257,8 @@ def _validate_tasks(cfg: ExperimentConfig, fail: Any) -> None:
             fail(f"tasks.{name}.kind must be 'hub' or 'local', got {t.kind!r}")
         if t.kind == "local" and not t.source:
             fail(f"tasks.{name}: a local task needs tasks.{name}.source (its data directory)")
+        if t.train_subset not in ("stratified", "first"):
+            fail(f"tasks.{name}.train_subset must be 'stratified' or 'first', got {t.train_subset!r}")
     from minimodel.task_metrics import check_metrics
 
     for name, t in cfg.tasks.items():

@@ -304,6 +304,9 @@ class TaskConfig:
     max_answer_len: int = 30
     n_best: int = 20
     max_train_examples: int = 0  # 0 = all
+    # which max_train_examples: stratified (a seeded draw in proportion to each label's count, at least one of each;
+    # data.tasks.subset_indices) | first (the file's first N: only for a file already in random order)
+    train_subset: str = "stratified"
     langs: list[str] = field(default_factory=list)  # evaluation languages ([] = target_langs the task has)
     metrics: list[str] = field(default_factory=list)  # [] = the kind's default (accuracy; QA: f1, exact_match)
     main_metric: str = ""  # drives targets, speedups and plots ("" = accuracy; QA: f1)

@@ -108,6 +108,22 @@ class TaskData:
         return load_task_split(self.name, lang, spec.eval_split, self.cfg.source or None,
                                "" if spec.is_qa else self.cfg.id_field)
 
+    def train_records(self) -> list[dict[str, Any]]:
+        """The English training examples step 3 uses: every one, or ``max_train_examples`` of them chosen by
+        ``train_subset`` (``subset_indices``), in file order."""
+        records = self.records("train")
+        n = self.cfg.max_train_examples
+        if not n or n >= len(records):
+            return records
+        if self.cfg.train_subset == "first":
+            return records[:n]
+        labels = None if self.is_qa else [int(r["label"]) for r in records]
+        if labels is not None and n < len(set(labels)):
+            raise TaskDataError(f"tasks.{self.name}.max_train_examples={n} is fewer than the {len(set(labels))} labels "
+                                f"of {self.split_file('train') or 'its training data'}: a stratified subset needs one "
+                                f"example of each (raise it, or set 0 for all)")
+        return [records[i] for i in subset_indices(labels, len(records), n)]
+
     def split_file(self, split: str, lang: str = "en") -> str:
         """The file ``records(split, lang)`` reads ("" when it comes from the hub), for messages."""
         if self.local is not None:
@@ -138,12 +154,48 @@ class TaskData:
         return self.featurise(records, tokenizer)[0]
 
 
+SUBSET_SEED = 0
+"""The seed of a training subset's draw: one subset per task, the same for every finetuning seed (seeds then measure
+training, not which examples were drawn)."""
+
+
+def subset_indices(labels: list[int] | None, total: int, n: int, seed: int = SUBSET_SEED) -> list[int]:
+    """``n`` of ``total`` example indices, sorted. With ``labels`` (one per example): stratified by label, each label's
+    share in proportion to its count (largest remainders, ties to the lower label id), at least one example of every
+    label, drawn within the label by a ``random.Random(seed)`` shuffle; without (QA): a seeded uniform draw."""
+    import random
+
+    rng = random.Random(seed)
+    if labels is None:
+        return sorted(rng.sample(range(total), n))
+    by_label: dict[int, list[int]] = {}
+    for i, label in enumerate(labels):
+        by_label.setdefault(label, []).append(i)
+    exact = {label: n * len(idx) / total for label, idx in by_label.items()}
+    quota = {label: max(1, int(q)) for label, q in exact.items()}
+    order = sorted(by_label, key=lambda label: (-(exact[label] - int(exact[label])), label))
+    while sum(quota.values()) < n:  # the largest remainders first
+        for label in order:
+            if sum(quota.values()) < n and quota[label] < len(by_label[label]):
+                quota[label] += 1
+    while sum(quota.values()) > n:  # the minimum of one took from the others: the largest give back
+        label = max((k for k in quota if quota[k] > 1), key=lambda k: (quota[k] - exact[k], quota[k], -k))
+        quota[label] -= 1
+    chosen: list[int] = []
+    for label in sorted(by_label):
+        idx = list(by_label[label])
+        rng.shuffle(idx)
+        chosen += idx[: quota[label]]
+    return sorted(chosen)
+
+
 def majority_baseline(task: TaskData, langs: list[str], split: str = "test") -> dict[str, dict[str, float]]:
     """Per language, every metric of the task (``task.metrics``) on its ``split`` set (test, or dev) for always
-    predicting the most frequent label of the English training data; {} for QA."""
+    predicting the most frequent label of the English training examples step 3 uses (``train_records``); {} for
+    QA."""
     if task.is_qa:
         return {}
-    train = [int(r["label"]) for r in task.records("train")]
+    train = [int(r["label"]) for r in task.train_records()]
     return {lang: majority_scores(train, [int(r["label"]) for r in task.records(split, lang)], task.labels,
                                   task.metrics)
             for lang in langs}

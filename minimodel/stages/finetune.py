@@ -11,6 +11,7 @@ English dev/test scores."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
@@ -216,6 +217,26 @@ def check_train_file(cfg: ExperimentConfig, task: str, run_dir: Path) -> None:
                             f"the new file, or restore the file")
 
 
+def log_training_subset(data: TaskData, used: list[dict]) -> None:
+    """Say which training examples step 3 uses, per label, and warn loudly of a label none of them has (the model
+    can never predict it; a warning, not an error: a task's label set may hold labels with no English training
+    example, such as a label only some target languages have)."""
+    cfg = data.cfg
+    if data.is_qa:
+        if cfg.max_train_examples:
+            log.info(f"tasks.{data.name}: {len(used):,} training examples (max_train_examples, {cfg.train_subset})")
+        return
+    counts = Counter(int(r["label"]) for r in used)
+    per_label = ", ".join(f"{name} {counts.get(i, 0):,}" for i, name in enumerate(data.labels))
+    how = (f"a subset of max_train_examples={cfg.max_train_examples}, {cfg.train_subset}"
+           f"{' by label (seed 0)' if cfg.train_subset == 'stratified' else ''}" if cfg.max_train_examples else "all")
+    log.info(f"tasks.{data.name}: {len(used):,} training examples ({how}): {per_label}")
+    missing = [name for i, name in enumerate(data.labels) if not counts.get(i)]
+    if missing:
+        log.warning(f"tasks.{data.name}: no training example of label(s) {', '.join(missing)} among the "
+                    f"{len(used):,} used: the finetuned model cannot learn to predict them")
+
+
 def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool = True) -> StageResult:
     r = runs(cfg)
     run_dir = r.finetune(task, seed, cfg.body)
@@ -227,9 +248,8 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
     def build(data: TaskData) -> Training:  # seeded: building the body draws, and so does the head's init
         body, source, trained_with = finetune_body(cfg)
         tok = load_source_tokenizer(cfg, body, source, trained_with)
-        train_records = data.records("train")
-        if cfg.tasks[task].max_train_examples:
-            train_records = train_records[: cfg.tasks[task].max_train_examples]
+        train_records = data.train_records()
+        log_training_subset(data, train_records)
         dev_records, test_records = data.records("dev"), data.records("test", "en")
         (train, dev, test), truncation = featurise_english(data, tok, train_records, dev_records, test_records)
         optim = finetune_optim(cfg, task, len(train))
