@@ -30,9 +30,12 @@ STAGES = stage_overrides(["pretrain", "bridge", "adapt"], updates=10, **TINY_STA
 
 
 def overrides(tmp: Path, prepared: Path, corpus: Path) -> list[str]:
+    # train_subset=first: the recorded values were made with the training file's first 320 examples (the file is in
+    # a seeded random order), before stratified subsets became the default
     return [*tiny_overrides(tmp, corpus, prepared), "data.num_workers=0", "bridge.depth=1", "bridge.layers=1",
             "adapt.trainer.ckpt_steps=[2]", f"tasks.lohelp.source={ROOT / 'data/demo/task/lohelp'}",
-            "tasks.lohelp.max_train_examples=320", "tasks.lohelp.langs=[de]", "finetune.epochs=1",
+            "tasks.lohelp.max_train_examples=320", "tasks.lohelp.train_subset=first", "tasks.lohelp.langs=[de]",
+            "finetune.epochs=1",
             "finetune.batch_size=32", "finetune.micro_batch=16", "finetune.trainer.log_every=1",
             "finetune.seeds=[1]", *STAGES]
 
