@@ -18,7 +18,10 @@ from minimodel.config.schema import ExperimentConfig
 from minimodel.errors import ConfigError
 from minimodel.experiment import load_experiment
 from minimodel.layout import is_done, prepared
+from minimodel.log import get_logger
 from minimodel.systems import Runs, external_primary, of, runs, source_tokenizer
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -44,23 +47,55 @@ class Variant:
 
 
 def variants(config: str | Path, overrides: list[str]) -> list[Variant]:
-    base = load_experiment(config, overrides)
-    if not base.sweep:
+    """The system runs of ``config``: one, or one per ``sweep:`` entry. The command line wins over a sweep for the keys
+    it sets: an entry that sets such a key to another value is left out, one that sets it to the same value or not at
+    all is kept (``minimodel run demo.yaml system=bl_base`` runs the demo's BL_BASE entry alone); where no entry is
+    left, the command line alone is the one run."""
+    try:
+        base: ExperimentConfig | None = load_experiment(config, overrides)
+        sweep = base.sweep  # type: ignore[union-attr]
+    except ConfigError:  # the command line's words may be valid only with an entry's (system=minijoint: its heads)
+        base = None
+        sweep = load_experiment(config, [o for o in overrides if _key(o) == "sweep"]).sweep
+        if not sweep:
+            raise
+    if base is not None and not sweep:
         return [Variant(runs(base).label, list(overrides), base)]
-    out = []
-    for entry in base.sweep:
+    given = {_key(o): _value(o) for o in overrides if "=" in o}
+    out, left_out = [], []
+    for entry in sweep:
         try:
             words = shlex.split(entry)  # key=value words; quote a value holding spaces: k='[{a: 1}, {a: 2}]'
         except ValueError as e:
             raise ConfigError(f"{config}: sweep entry {entry!r}: {e}") from e
-        extra = [*overrides, *words]
+        if any(_key(w) in given and _value(w) != given[_key(w)] for w in words):
+            left_out.append(entry)
+            continue
+        extra = [*words, *overrides]
         cfg = load_experiment(config, extra)
         out.append(Variant(runs(cfg).label, extra, cfg, entry))
+    if left_out:
+        keys = sorted({_key(w) for e in left_out for w in shlex.split(e)} & set(given))
+        log.info(f"{config}: the command line's {', '.join(f'{k}={given[k]}' for k in keys)} leaves out the sweep "
+                 f"entries {', '.join(repr(e) for e in left_out)}" + ("" if out else ": the command line alone is the "
+                                                                           "one run"))
+    if not out:
+        base = load_experiment(config, overrides)
+        return [Variant(runs(base).label, list(overrides), base)]
     labels = [v.label for v in out]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"{config}: two sweep entries give the same system run ({', '.join(labels)}): "
                           "give each a tag= (or, for several heads of one MiniJoint model, an adapt.head=)")
     return out
+
+
+def _key(word: str) -> str:
+    """The config key of a ``key=value`` word (``+key=`` / ``~key`` forms: the key)."""
+    return word.split("=", 1)[0].lstrip("+~")
+
+
+def _value(word: str) -> str:
+    return word.split("=", 1)[1].strip() if "=" in word else ""
 
 
 def check_reused(config: str, overrides: list[str], cfg: ExperimentConfig, r: Runs, bridge: bool,
