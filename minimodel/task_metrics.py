@@ -92,3 +92,35 @@ def majority_scores(train_labels: Sequence[int], test_labels: Sequence[int], lab
     """Every metric of always predicting the most frequent training label (ties: the one seen first)."""
     top = Counter(train_labels).most_common(1)[0][0]
     return scores_from_counts(list(test_labels), [top] * len(test_labels), labels, metrics)
+
+
+CHANCE = "chance/"
+"""The prefix of an input-blind baseline's score among a task's baselines (``chance/macro_f1``)."""
+CHANCE_METRICS = ("accuracy", "macro_f1")
+"""The scalar metrics with an input-blind baseline (``chance_scores``)."""
+
+
+def chance_scores(train_labels: Sequence[int], test_labels: Sequence[int], labels: Sequence[str],
+                  metrics: Sequence[str]) -> dict[str, float]:
+    """In each of ``metrics`` that is scalar (``CHANCE_METRICS``), the best score of a predictor that ignores its input:
+    any constant label, scored on this test set (the best of them: as strict as a constant gets), or labels drawn at
+    random with the training labels' frequencies p (its expected score: accuracy sum p_l q_l, q the test frequencies;
+    per-label F1 2 p_l q_l / (p_l + q_l), from its expected precision q_l and recall p_l, averaged over the labels
+    drawn or present, as macro-F1 averages). A model below it has learned nothing usable in that metric; majority-
+    class macro-F1 (one label's F1 over all labels) is far easier to beat."""
+    wanted = [m for m in metrics if m in CHANCE_METRICS]
+    if not wanted or not test_labels:
+        return {}
+    n, total = len(test_labels), len(train_labels)
+    best = {m: max(scores_from_counts(list(test_labels), [c] * n, labels, wanted)[m] for c in range(len(labels)))
+            for m in wanted}
+    p = Counter(train_labels)
+    q = Counter(test_labels)
+    freq = {c: p[c] / total for c in range(len(labels))} if total else {}
+    share = {c: q[c] / n for c in range(len(labels))}
+    drawn = {"accuracy": 100.0 * sum(freq.get(c, 0.0) * share[c] for c in share)}
+    present = [c for c in share if freq.get(c, 0.0) > 0 or share[c] > 0]
+    drawn["macro_f1"] = 100.0 * sum(2 * freq.get(c, 0.0) * share[c] / (freq.get(c, 0.0) + share[c])
+                                    for c in present) / max(1, len(present))
+    return {m: max(best[m], drawn[m]) for m in wanted}
+

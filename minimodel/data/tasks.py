@@ -15,7 +15,7 @@ from minimodel.data.task_features import encode_classification, encode_qa, featu
 from minimodel.data.task_files import LocalClassificationTask, find_split_file, has_split
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import TaskDataError
-from minimodel.task_metrics import majority_scores, metrics_of
+from minimodel.task_metrics import CHANCE, chance_scores, majority_scores, metrics_of
 
 
 @dataclass
@@ -191,11 +191,16 @@ def subset_indices(labels: list[int] | None, total: int, n: int, seed: int = SUB
 
 def majority_baseline(task: TaskData, langs: list[str], split: str = "test") -> dict[str, dict[str, float]]:
     """Per language, every metric of the task (``task.metrics``) on its ``split`` set (test, or dev) for always
-    predicting the most frequent label of the English training examples step 3 uses (``train_records``); {} for
+    predicting the most frequent label of the English training examples step 3 uses (``train_records``), and under
+    ``chance/{metric}`` the best input-blind predictor's score in each scalar metric (``chance_scores``); {} for
     QA."""
     if task.is_qa:
         return {}
     train = [int(r["label"]) for r in task.train_records()]
-    return {lang: majority_scores(train, [int(r["label"]) for r in task.records(split, lang)], task.labels,
-                                  task.metrics)
-            for lang in langs}
+    out = {}
+    for lang in langs:
+        test = [int(r["label"]) for r in task.records(split, lang)]
+        scores = majority_scores(train, test, task.labels, task.metrics)
+        scores.update({f"{CHANCE}{m}": v for m, v in chance_scores(train, test, task.labels, task.metrics).items()})
+        out[lang] = scores
+    return out

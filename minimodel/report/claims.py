@@ -98,7 +98,8 @@ class Claim:
     paper: str
     rule: str  # what "held" means here
     ours: str  # the estimate with its interval and n
-    verdict: str  # held / not held / inconclusive / not measured
+    verdict: str  # held / not held / inconclusive / not measured / exploratory
+    langs: tuple[str, ...] | None = None  # the languages it rests on (None: every language of the task)
 
 
 def avg_final(res: Results, system: str, task: str) -> float:
@@ -135,6 +136,12 @@ def speedup_verdict(iv: Interval, sp: Speedup) -> str:
         if sp.undefined:
             return "undefined (target met at step 0)"
     return verdict(iv, above=1.0)
+
+
+def rested(v: str, sp: Speedup, langs: Sequence[str]) -> str:
+    """A speedup's verdict over the languages it rests on (those reaching the target, ``sp.used``): *held* over fewer
+    than half of the languages that count is *exploratory*, never *held*."""
+    return "exploratory" if v == "held" and 2 * len(sp.used) < len(langs) else v
 
 
 def coverage(sp: Speedup, langs: Sequence[str]) -> str:
@@ -189,7 +196,7 @@ def claims(res: Results, task: str, depths: Mapping[str, int] | None = None, rep
         sp = system_speedup(res, MINIJOINT, task)
         where = coverage(sp, res.langs(task))
         out.append(Claim(claim, paper, rule, _iv(iv, fmt_speedup) + where + f", {_n(res, REFERENCE, MINIJOINT)}",
-                         speedup_verdict(iv, sp)))
+                         rested(speedup_verdict(iv, sp), sp, res.langs(task)), tuple(sp.used)))
     else:
         out.append(Claim(claim, paper, rule, "—", "not measured"))
 
@@ -360,7 +367,8 @@ def focus_claims(res: Results, task: str, inits: Mapping[str, str], reps: int = 
         iv = bootstrap(r, [REFERENCE, bl], lambda x: system_speedup(x, bl, task).mean, reps=reps)
         sp = system_speedup(r, bl, task)
         out.append(Claim(claim, NOT_IN_PAPER, rule, f"{bl}: {_iv(iv, speed)}{coverage(sp, r.langs(task))}, "
-                         f"{_n(r, REFERENCE, bl)}{note}", speedup_verdict(iv, sp)))
+                         f"{_n(r, REFERENCE, bl)}{note}", rested(speedup_verdict(iv, sp), sp, r.langs(task)),
+                         tuple(sp.used)))
     mj = next((f for f, o in twins.items() if o == MINIJOINT), None)
     if bl is not None and mj is not None:
         claim, rule = EXTENSION_TEXTS["focus_joint"]
@@ -417,8 +425,9 @@ def claims_table(res: Results, depths: Mapping[str, int] | None = None, tasks: S
             per = "—" if single or len(langs) < 2 else ", ".join(
                 f"{lang} {alone[lang].get(c.claim, 'not measured')}" for lang in langs)
             paper = f"{NOT_IN_PAPER}; for MLMs: {c.paper}" if family and c.paper != NOT_IN_PAPER else c.paper
+            rests = langs if c.langs is None else list(c.langs)
             lines.append(f"| {c.claim} | {paper} | {c.ours} | {c.rule} | **{c.verdict}** | "
-                         f"{', '.join(langs)} ({len(langs)}) | {per} |")
+                         f"{', '.join(rests) or 'none'} ({len(rests)} of {len(langs)}) | {per} |")
         blocks.append(f"**{task}**\n\n" + "\n".join(lines))
     return "\n\n".join(blocks)
 

@@ -16,6 +16,7 @@ from minimodel.layout import Layout
 from minimodel.report.curves import Point, mean_curve, time_to_target, uninformative_target
 from minimodel.report.statistics import Seeds, Stat, stat
 from minimodel.results import ResultsTable
+from minimodel.task_metrics import CHANCE
 
 REFERENCE = systems.REFERENCE  # BL_BASE: standard adaptation of the 12-layer model, the reference of every speedup
 SYSTEM_ORDER = systems.ORDER
@@ -41,15 +42,24 @@ class Results:
     n_rows: int = 0
     baselines: dict[tuple[str, str], float] = field(default_factory=dict)  # (task, lang) -> majority-class score
     baseline_metrics: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)  # ... every metric
+    # (task, lang) -> the best input-blind predictor's score (main metric), and every scalar metric's
+    chance: dict[tuple[str, str], float] = field(default_factory=dict)
+    chance_metrics: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     split: str = "test"  # the target-language sets the scores are on: test, or dev (choosing settings)
     # task -> metric -> the same results in another scalar metric of the task (accuracy beside macro-F1, ...)
     secondary: dict[str, dict[str, Results]] = field(default_factory=dict)
 
     def set_baselines(self, baselines: Mapping[tuple[str, str], Mapping[str, float]] | None) -> None:
-        """The majority-class baseline of each (task, language), every metric; the main metric's is ``baselines``."""
-        self.baseline_metrics = {k: dict(v) for k, v in (baselines or {}).items()}
+        """The majority-class baseline of each (task, language), every metric; the main metric's is ``baselines``.
+        Entries ``chance/{metric}`` are the best input-blind predictor's (``task_metrics.chance_scores``):
+        ``chance_metrics``, the main metric's ``chance``."""
+        items = (baselines or {}).items()
+        self.baseline_metrics = {k: {m: x for m, x in v.items() if not m.startswith(CHANCE)} for k, v in items}
+        self.chance_metrics = {k: {m[len(CHANCE):]: x for m, x in v.items() if m.startswith(CHANCE)} for k, v in items}
         self.baselines = {(t, lang): v[self.metrics[t]] for (t, lang), v in self.baseline_metrics.items()
                           if t in self.metrics and self.metrics[t] in v}
+        self.chance = {(t, lang): v[self.metrics[t]] for (t, lang), v in self.chance_metrics.items()
+                       if t in self.metrics and self.metrics[t] in v}
         for by_metric in self.secondary.values():
             for other in by_metric.values():
                 other.set_baselines(baselines)

@@ -11,8 +11,10 @@ from minimodel.flops import v100_days
 from minimodel.report.curves import Speedup, mean_days, speedups
 from minimodel.report.formatting import (
     AT_STEP0,
+    BELOW,
     MISSING,
     NO_TARGET,
+    SEED_BELOW,
     fmt_days,
     fmt_interval,
     fmt_n,
@@ -53,9 +55,10 @@ def table_final(res: Results) -> str:
                          "", ""])
         targets = [res.target(task, lang) for lang in langs]
         if any(t is not None for t in targets):
+            kept = [t for lang, t in zip(langs, targets) if not res.target_flag(task, lang)]  # ⊘: not averaged
             rows.append([f"target ({NEAR_MAX:.0%} of {REFERENCE})", "",
                          *(fmt_score(t) + target_mark(res, task, lang) for lang, t in zip(langs, targets)),
-                         fmt_score(mean_or_none(targets)), "", ""])
+                         fmt_score(mean_or_none(kept)), "", ""])
         blocks.append(task_title(res, task) + "\n\n"
                       + markdown_table(["system", "n", *langs, "avg", "EFLOPs", "V100-days"], rows))
     return "\n\n".join(blocks)
@@ -91,6 +94,11 @@ def table_baselines(res: Results) -> str | None:
         for m in names:
             base = [res.baseline_metrics.get((task, lang), {}).get(m) for lang in langs]
             rows.append([f"majority class (train): {m}", *(fmt_score(b) for b in base), fmt_score(mean_or_none(base))])
+        for m in sorted({m for (t, _), v in res.chance_metrics.items() if t == task for m in v},
+                        key=lambda m: (m != res.metrics.get(task), m)):
+            base = [res.chance_metrics.get((task, lang), {}).get(m) for lang in langs]
+            rows.append([f"best input-blind predictor: {m}", *(fmt_score(b) for b in base),
+                         fmt_score(mean_or_none(base))])
         for system in res.main_systems:
             step0 = [res.step0_stat(system, task, lang) for lang in langs]
             if any(x is not None for x in step0):
@@ -110,9 +118,11 @@ def days_average(res: Results, system: str, task: str) -> tuple[str, str]:
     days = [res.days_to_target(system, task, lang) for lang in langs]
     if not langs or any(d is None for d in days):
         return MISSING, ""
-    if all(res.at_step0(system, task, lang) for lang in langs):
-        return AT_STEP0, ""
     flawed = {lang for lang in langs if res.target_flag(task, lang)}
+    if flawed == set(langs):
+        return NO_TARGET, f"target {NO_TARGET} in {', '.join(sorted(flawed))}"
+    if not flawed and all(res.at_step0(system, task, lang) for lang in langs):
+        return AT_STEP0, ""
     value = mean_days([math.nan if lang in flawed else d for lang, d in zip(langs, days)])  # type: ignore[misc]
     if not math.isnan(value):
         return fmt_days(value), ""
@@ -227,10 +237,33 @@ def table_english(res: Results) -> str | None:
     tasks = sorted({t for _, _, t in res.english})
     order = sort_systems({s for s, _, _ in res.english})
     keys = sorted({(s, b) for s, b, _ in res.english}, key=lambda k: (order.index(k[0]), k[1] != "primary", k[1]))
+    base = {t: english_baseline(res, t) for t in tasks}
     rows = [[s if b == "primary" else f"{s} ({b})",
-             *(fmt_stat(res.english_stats.get((s, b, t))) + _n(res.english_stats.get((s, b, t))) for t in tasks)]
+             *(fmt_stat(res.english_stats.get((s, b, t))) + _n(res.english_stats.get((s, b, t)))
+               + _english_marks(res, (s, b, t), base[t]) for t in tasks)]
             for s, b in keys]
+    if any(v is not None for v in base.values()):
+        rows.append(["majority class (train)", *(fmt_score(base[t]) for t in tasks)])
     return markdown_table(["model", *(f"{t} ({res.metrics.get(t, '?')})" for t in tasks)], rows)
+
+
+def english_baseline(res: Results, task: str) -> float | None:
+    """The majority-class baseline of the task's source-language test set: its baseline in ``en``, else in the one
+    language that is not among the task's target languages, where known."""
+    if (task, "en") in res.baselines:
+        return res.baselines[(task, "en")]
+    source = [b for (t, lang), b in res.baselines.items() if t == task and lang not in res.langs(task)]
+    return source[0] if len(source) == 1 else None
+
+
+def _english_marks(res: Results, key: tuple[str, str, str], base: float | None) -> str:
+    """▼ when the mean English score does not beat the majority class, ▽ when a seed does not (as Table 2)."""
+    values, k = list(res.english_by_seed.get(key, {}).values()), res.sign(key[2])
+    if base is None or not values:
+        return ""
+    if k * mean(values) <= k * base + 1e-9:
+        return f" {BELOW}"
+    return f" {SEED_BELOW}" if any(k * v <= k * base + 1e-9 for v in values) else ""
 
 
 def _n(x: Stat | None) -> str:
