@@ -185,6 +185,8 @@ def require_finished(run_dir: Path, what: str, command: str) -> dict:
     """``done.json`` of ``run_dir``, or a ``UserError``: an unfinished run (stopped at ``stop_at``, by a signal or
     a wall-time cap, or still running) is never read as finished."""
     done = read_done(run_dir)
+    if done is None and not Path(run_dir).exists():
+        raise UserError(f"{what} {run_dir} does not exist: that step never ran; run `{command}` first")
     if done is None:
         raise UserError(f"{what} {run_dir} is not finished (no done.json: stopped early, or still running): "
                         f"finish it first (rerun `{command}` to resume it)")

@@ -88,3 +88,42 @@ def test_an_unknown_subset_rule_is_refused_at_load(tmp_path, corpus_dir):
 
     with pytest.raises(ConfigError, match=r"tasks\.lohelp\.train_subset must be 'stratified' or 'first'"):
         tiny_config(tmp_path, corpus_dir, "tasks.lohelp.train_subset=random")
+
+
+def test_a_step_that_never_ran_is_not_called_unfinished(tmp_path, tiny_finetuned, capsys):
+    """Exporting or evaluating a language never adapted (issue 44): the message says the step never ran, not that
+    rerunning it resumes it."""
+    from minimodel.cli import main
+    from minimodel.provenance import require_finished
+
+    with pytest.raises(Exception, match=r"does not exist: that step never ran; run `minimodel adapt \.\.\. lang=fr` "):
+        require_finished(tmp_path / "adapt" / "fr", "the adaptation of fr", "minimodel adapt ... lang=fr")
+    (tmp_path / "adapt" / "fr").mkdir(parents=True)
+    with pytest.raises(Exception, match=r"is not finished .*rerun `minimodel adapt \.\.\. lang=fr` to resume it"):
+        require_finished(tmp_path / "adapt" / "fr", "the adaptation of fr", "minimodel adapt ... lang=fr")
+    _, _, args = tiny_finetuned
+    assert main(["export", *args, "lang=fr", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "adapt/fr does not exist: that step never ran" in err, err
+
+
+def test_the_overlap_check_counts_test_text_found_verbatim_in_the_corpus(tmp_path):
+    """scripts/check_overlap.py, which docs/own-task.md points to for a task built from text the bundled corpora
+    may hold (Debian's, Wikipedia's)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from check_overlap import overlap
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    seen = "Die Datei wird beim Start des Dienstes gelesen und danach nicht mehr geändert."
+    wrapped = seen.replace(" des ", "  des\n")  # the corpus breaks the line and doubles a space
+    (corpus / "de.txt").write_text("Ein anderer Satz.\n" + wrapped + "\nNoch einer.\n")
+    task = tmp_path / "task"
+    task.mkdir()
+    rows = [{"text": seen, "label": "a"}, {"text": "Ein ganz neuer Satz, den das Korpus nicht enthält, lang genug.",
+                                           "label": "b"}, {"text": "kurz", "label": "a"}]
+    (task / "test.de.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (task / "test.tr.jsonl").write_text(json.dumps(rows[0]) + "\n")  # no Turkish corpus: not checked
+    assert overlap(task, corpus, ["text"], 40) == [("test.de.jsonl", 1, 2)]  # spacing and line breaks aside
