@@ -39,7 +39,7 @@ from minimodel import atomic
 from minimodel.config.schema import ExperimentConfig
 from minimodel.errors import ConfigError
 from minimodel.experiment import load_experiment
-from minimodel.launcher import LauncherConfig, launcher_path, load_launcher, memory_warnings
+from minimodel.launcher import LauncherConfig, batch_problems, launcher_path, load_launcher, memory_warnings
 from minimodel.layout import Layout
 from minimodel.log import get_logger
 from minimodel.pipeline import Step, plan
@@ -115,6 +115,16 @@ def path_problems(cfg: ExperimentConfig, config: str, lc: LauncherConfig, workdi
     return out
 
 
+def check_plan(config: str, overrides: list[str], lc: LauncherConfig) -> None:
+    """What the jobs would refuse at their start refuses the submission (``batch_problems``); a stage that may not
+    fit its card's memory is a warning (an estimate: ``minimodel plan``)."""
+    wrong = batch_problems(config, overrides, lc)
+    if wrong:
+        raise SubmitError("; ".join(wrong) + ": set the micro-batch (or the GPUs) so that it divides, then submit")
+    for warning in memory_warnings(config, overrides, lc):
+        log.warning(f"WARNING: {warning}")
+
+
 def submit(config: str, overrides: list[str], launcher: str = "local", dry_run: bool = False) -> list[tuple[str, str]]:
     """Write one batch script per step of ``plan(config, overrides)`` to ``{runs_dir}/{name}/slurm/`` and
     submit them in order with ``afterok`` dependencies. Returns (step name, job id) pairs; with
@@ -123,8 +133,7 @@ def submit(config: str, overrides: list[str], launcher: str = "local", dry_run: 
     cfg = load_experiment(config, overrides)
     lc = load_launcher(launcher_path(launcher, config))
     steps = plan(config, overrides)
-    for warning in memory_warnings(config, overrides, lc):
-        log.warning(f"WARNING: {warning}")
+    check_plan(config, overrides, lc)
     layout = Layout.of(cfg)
     run_root, slurm = layout.root.absolute(), layout.slurm.absolute()
     if not dry_run and shutil.which("sbatch") is None:

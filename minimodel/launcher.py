@@ -155,4 +155,13 @@ def memory_warnings(config: str, overrides: list[str], lc: LauncherConfig) -> li
         return []
     plans = memory_plan(config, overrides, lc)
     return [f"{label + ': ' if len(plans) > 1 else ''}{line} (launcher {lc.source}; `minimodel plan` shows the plan)"
-            for label, rows in plans for line in misfits(rows)]
+            for label, rows in plans for line in misfits([r for r in rows if not r.batch_problem])]
+
+
+def batch_problems(config: str, overrides: list[str], lc: LauncherConfig) -> list[str]:
+    """A sentence per training stage whose micro-batch, times the launcher's GPUs and nodes, does not divide its
+    global batch: what the job would refuse at its start (``training.optim.accumulation``), known before any
+    job is queued."""
+    plans = memory_plan(config, overrides, lc)
+    return [f"{label + ': ' if len(plans) > 1 else ''}{r.model.stage}: {r.batch_problem} (launcher {lc.source})"
+            for label, rows in plans for r in rows if r.batch_problem]

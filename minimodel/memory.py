@@ -44,6 +44,7 @@ memory measured on the CPU. Nothing here imports torch."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from minimodel import families
@@ -355,7 +356,8 @@ def micro_batches(global_batch: int, gpus: int) -> list[int]:
     if gpus < 1 or global_batch % gpus:
         return []
     per_gpu = global_batch // gpus
-    return [n for n in range(1, per_gpu + 1) if per_gpu % n == 0]
+    small = [n for n in range(1, math.isqrt(per_gpu) + 1) if per_gpu % n == 0]  # bounded: O(sqrt) of the batch
+    return sorted({*small, *(per_gpu // n for n in small)})
 
 
 # ------------------------------------------------------------------------------------------ the plan
@@ -372,8 +374,24 @@ class PlanRow:
     choices: tuple[int, ...]  # the micro-batches the stage may use on its GPUs
 
     @property
+    def batch_problem(self) -> str:
+        """What the job itself would refuse at its start (``training.optim.accumulation``): a configured micro-batch
+        that, times the GPUs, does not divide the global batch; "" when none."""
+        if self.estimate is None or self.estimate.micro_batch in self.choices:
+            return ""
+        e, g = self.estimate, self.model.global_batch
+        return (f"{self.key}={e.micro_batch} x {e.gpus} GPU(s) does not divide the global batch {g}: the job would "
+                f"stop at its start" + (f" (micro-batches that do: {', '.join(map(str, self.choices[:12]))}"
+                                        f"{', ...' if len(self.choices) > 12 else ''})" if self.choices else
+                                        f" (and no micro-batch can: {e.gpus} GPUs do not divide {g})"))
+
+    @property
     def fits(self) -> bool | None:
-        if self.estimate is None or not self.capacity_gib:
+        if self.estimate is None:
+            return None
+        if self.batch_problem:
+            return False
+        if not self.capacity_gib:
             return None
         return self.estimate.needed <= self.capacity_gib * GiB
 
@@ -412,7 +430,7 @@ def plan_table(rows: list[PlanRow]) -> str:
             lines.append(f"| {sm.stage} | {sm.note} |" + " |" * 14)
             continue
         card = f"{r.capacity_gib:g}" if r.capacity_gib else "?"
-        fits = {None: "?", True: "yes", False: "**no**"}[r.fits]
+        fits = "**no** (batch)" if r.batch_problem else {None: "?", True: "yes", False: "**no**"}[r.fits]
         if not r.choices:
             largest = f"none: {e.gpus} GPUs do not divide the batch ({sm.global_batch})"
         elif not r.capacity_gib:
@@ -435,6 +453,9 @@ def misfits(rows: list[PlanRow]) -> list[str]:
     out = []
     for r in rows:
         if r.fits is not False or r.estimate is None:
+            continue
+        if r.batch_problem:
+            out.append(f"{r.model.stage}: {r.batch_problem}")
             continue
         e = r.estimate
         if r.largest:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -34,6 +35,8 @@ def is_row(r: object) -> bool:
     for key, kind in FIELDS.items():
         value = r.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
+            return False
+        if kind is float and not math.isfinite(value):  # NaN or inf: not a measurement
             return False
     seed = r.get("pretrain_seed", 1)  # optional: rows written before it existed are of pretraining seed 1
     return isinstance(seed, int) and not isinstance(seed, bool)
@@ -82,8 +85,8 @@ class ResultsTable:
         seen = (str(self.path.resolve()), self.path.stat().st_size, bad)
         if bad and seen not in _WARNED:  # (once per process and file: the report reads the results twice)
             _WARNED.add(seen)
-            log.warning(f"{self.path}: skipped {bad} line(s) that are not result rows (not JSON, or not an object "
-                        f"with {', '.join(FIELDS)})" + (" and a last line cut short" if cut else "")
+            log.warning(f"{self.path}: skipped {bad} line(s) that are not result rows (not JSON, not an object "
+                        f"with {', '.join(FIELDS)}, or a non-finite number)" + (" and a last line cut short" if cut else "")
                         + "; the other rows are used (remove those lines, or rerun `minimodel evaluate` for "
                         "the rows they held)")
         return out
@@ -152,6 +155,14 @@ class ResultsTable:
         rows = list(rows)
         if not rows:
             return []
+        for r in rows:
+            bad = {k: r.get(k) for k, kind in FIELDS.items() if kind is float and isinstance(r.get(k), float)
+                   and not math.isfinite(r[k])}
+            if bad:
+                raise UserError(f"{self.path}: refusing to write a result row with {', '.join(f'{k}={v}' for k, v in bad.items())} "
+                                f"({', '.join(f'{k}={r.get(k)}' for k in (*KEY, 'split', 'metric'))}): a non-finite "
+                                f"score is not a measurement (a diverged model or a broken evaluation); nothing of "
+                                f"this evaluation was written")
         with self._locked() as f:
             self._repair()
             held = self._held_ids()

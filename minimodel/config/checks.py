@@ -87,8 +87,9 @@ class _Sizes:
             self.fail(f"{prefix}.betas must be two numbers in [0, 1) (Adam's beta1, beta2), got {list(o.betas)}")
 
     def optim(self, prefix: str, o: OptimConfig) -> None:
-        for name in ("updates", "global_batch", "micro_batch"):
-            self.integer(f"{prefix}.{name}", getattr(o, name))
+        self.integer(f"{prefix}.updates", o.updates)
+        for name in ("global_batch", "micro_batch"):
+            self.integer(f"{prefix}.{name}", getattr(o, name), high=MAX_BATCH, what=BATCH_RULE)
         self.count(f"{prefix}.warmup_updates", o.warmup_updates)
         self.number(f"{prefix}.lr", o.lr)
         self.adam(prefix, o)
@@ -111,8 +112,13 @@ class _Sizes:
                       f"or auto, got {t.devices}")
 
 
-_PATH_COMPONENT = re.compile(r"[A-Za-z0-9._-]+")
-PATH_COMPONENT_RULE = "use ASCII letters, digits, '.', '_' and '-' (not empty, not '.' or '..')"
+MAX_BATCH = 2**24
+BATCH_RULE = f"a positive integer of sequences, at most {MAX_BATCH:,} (2^24)"
+
+PATH_COMPONENT_MAX = 100  # file names are at most 255 bytes; locks, checkpoints and wandb run names add to it
+_PATH_COMPONENT = re.compile(rf"[A-Za-z0-9._-]{{1,{PATH_COMPONENT_MAX}}}")
+PATH_COMPONENT_RULE = (f"use ASCII letters, digits, '.', '_' and '-', at most {PATH_COMPONENT_MAX} characters (not "
+                       f"empty, not '.' or '..')")
 """What a config value that names a directory or file under ``runs_dir`` / ``data.prepared_dir`` may hold."""
 
 
@@ -237,7 +243,7 @@ def _validate_sizes(cfg: ExperimentConfig, fail: Any) -> None:
     check.number("finetune.epochs", f.epochs)
     check.fraction("finetune.warmup_ratio", f.warmup_ratio)
     for name in ("batch_size", "micro_batch", "eval_batch"):
-        check.integer(f"finetune.{name}", getattr(f, name))
+        check.integer(f"finetune.{name}", getattr(f, name), high=MAX_BATCH, what=BATCH_RULE)
     check.adam("finetune", f)
     for seed in f.seeds:
         check.seed("finetune.seeds", seed, f"a list of seeds in 0..{MAX_SEED}")

@@ -1,0 +1,78 @@
+"""Reliability round 3 (issue 43): result rows that say what they measured, plans that check what the job checks,
+and inputs that used to end in a traceback."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from minimodel.errors import UserError
+from minimodel.results import ResultsTable
+
+
+def row(value: float, seed: int = 1) -> dict:
+    return {"system": "bl_base", "body": "primary", "task": "t", "lang": "de", "seed": seed, "step": 10,
+            "flops": 1e12, "v100_days": 1e-6, "split": "test", "metric": "accuracy", "value": value}
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_result_is_refused_at_write_and_skipped_at_read(tmp_path, bad, caplog):
+    table = ResultsTable(tmp_path / "results.jsonl")
+    table.append([row(50.0)])
+    before = table.path.read_bytes()
+    with pytest.raises(UserError, match=r"refusing to write a result row with value=(nan|inf|-inf) .*seed=2.*nothing of"):
+        table.append([row(51.0, seed=3), row(bad, seed=2)])
+    assert table.path.read_bytes() == before  # not even the finite row of the same evaluation
+    with table.path.open("a") as f:  # written by hand, or by an older version: JSON allows NaN and Infinity
+        f.write(json.dumps(row(bad, seed=2)) + "\n")
+    assert [r["value"] for r in ResultsTable(table.path).rows()] == [50.0]
+    assert "skipped 1 line(s) that are not result rows" in caplog.text and "non-finite" in caplog.text
+
+
+@pytest.mark.parametrize("key", ["name", "tag"])
+def test_a_name_too_long_for_a_file_name_is_refused_at_load(tmp_path, corpus_dir, key):
+    from minimodel.errors import ConfigError
+    from tests.conftest import tiny_config
+
+    with pytest.raises(ConfigError, match=rf"{key}='x{{300}}'.*at most 100 characters"):
+        tiny_config(tmp_path, corpus_dir, f"{key}={'x' * 300}")
+    assert not any(tmp_path.rglob("*.lock"))  # refused before any file is written
+    tiny_config(tmp_path, corpus_dir, f"{key}={'x' * 100}")
+
+
+def test_plan_and_submit_refuse_a_micro_batch_the_job_would_refuse(tmp_path, capsys):
+    """Pretraining at micro-batch 32 on 8 GPUs with a global batch of 32: the job would stop at its start
+    (training.optim.accumulation); `plan` says so and `submit`, dry run or not, refuses before writing a script."""
+    from minimodel.cli import main
+    from minimodel.launch import submit
+    from minimodel.sbatch import SubmitError
+    from tests.conftest import ROOT
+
+    exp = str(ROOT / "experiments" / "minijoint.yaml")
+    over = ["pretrain.optim.global_batch=32", "pretrain.optim.micro_batch=32", f"runs_dir={tmp_path}"]
+    assert main(["plan", exp, "--launcher", "a100", *over]) == 0
+    out = capsys.readouterr()
+    row = next(line for line in out.out.splitlines() if line.startswith("| pretrain |"))
+    assert "| **no** (batch) |" in row
+    assert ("pretrain.optim.micro_batch=32 x 8 GPU(s) does not divide the global batch 32: the job would stop at its "
+            "start (micro-batches that do: 1, 2, 4)") in out.err
+    for dry in (True, False):
+        with pytest.raises(SubmitError, match=r"micro_batch=32 x 8 GPU\(s\) does not divide the global batch 32"):
+            submit(exp, over, launcher="a100", dry_run=dry)
+    assert not list(tmp_path.rglob("*.sbatch"))
+
+
+def test_an_absurd_batch_is_refused_at_load_and_divisors_are_bounded(tmp_path, corpus_dir):
+    from minimodel.errors import ConfigError
+    from minimodel.memory import micro_batches
+    from tests.conftest import tiny_config
+
+    with pytest.raises(ConfigError, match=r"pretrain\.optim\.micro_batch must be a positive integer of sequences, at "
+                                          r"most 16,777,216"):
+        tiny_config(tmp_path, corpus_dir, "pretrain.optim.micro_batch=100000000000000000000")
+    with pytest.raises(ConfigError, match=r"finetune\.batch_size must be .* at most 16,777,216"):
+        tiny_config(tmp_path, corpus_dir, f"finetune.batch_size={2**30}")
+    assert micro_batches(2**24, 1)[-3:] == [2**22, 2**23, 2**24] and len(micro_batches(2**24, 1)) == 25
+    assert micro_batches(36, 2) == [1, 2, 3, 6, 9, 18] and micro_batches(36, 5) == []
