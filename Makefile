@@ -27,7 +27,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus smollm2 study-real results-real study-real-fr results-real-fr
+.PHONY: help setup test test-demo test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus smollm2 study-real results-real study-real-fr results-real-fr
 
 help:
 	@sed -n '1,10p' Makefile
@@ -43,7 +43,11 @@ $(BIN)/.installed: pyproject.toml
 setup: $(BIN)/.installed
 
 test: setup lint
-	$(BIN)/python -m pytest -q --durations=30 tests
+	$(BIN)/python -m pytest -q --durations=30 -m "not demo" tests
+
+# the demo end to end against its recorded results (tests/golden/demo): about 9 minutes on 2 cores; CI runs it
+test-demo: setup
+	$(BIN)/python -m pytest -q -m demo tests
 
 # a single-node SLURM on this machine (scripts/local_slurm.sh; root or sudo, Debian packages), the real-SLURM
 # tests against it, then down again; skipped with the reason where SLURM cannot be had
@@ -51,7 +55,7 @@ test-slurm: setup
 	bash scripts/test_slurm.sh
 
 test-fast: setup lint
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not slow and not demo" tests
 
 lint: setup
 	$(BIN)/ruff check minimodel tests benchmarks scripts

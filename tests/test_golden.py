@@ -114,6 +114,7 @@ def keyed(rows: list[dict]) -> dict[tuple, dict]:
     return {(r["system"], r["body"], r["task"], r["lang"], r["seed"], r["step"], r["split"], r["metric"]): r for r in rows}
 
 
+@pytest.mark.demo
 def test_demo_results_equal_the_recorded_ones(tmp_path):
     """`make demo` end to end (all four systems, every step) gives the recorded results.jsonl values.
 
