@@ -315,6 +315,13 @@ def rewrite_fd(fd: int, data: bytes, path: Path) -> None:
 # ------------------------------------------------------------------------------------------ a directory
 
 
+def _umask() -> int:
+    """This process's umask (read by setting it, then putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def replacing_dir(path: Path, replace: bool = False) -> Iterator[Path]:
     """``with replacing_dir(out) as d:`` write every file of ``out`` into ``d``, a temporary directory beside it;
@@ -330,8 +337,11 @@ def replacing_dir(path: Path, replace: bool = False) -> Iterator[Path]:
         with _converted(path):
             tmp.mkdir()
         yield tmp
+        mode = 0o666 & ~_umask()  # what a plain open() gives: writers that go through mkstemp leave 0600
         for f in sorted(p for p in tmp.rglob("*") if p.is_file() and not p.is_symlink()):
             final = path / f.relative_to(tmp)
+            if stat.S_IMODE(f.stat().st_mode) != mode:
+                os.chmod(f, mode)
             with _converted(final, f.stat().st_size):
                 fd = os.open(f, os.O_RDONLY)
                 try:
@@ -339,11 +349,18 @@ def replacing_dir(path: Path, replace: bool = False) -> Iterator[Path]:
                 finally:
                     os.close(fd)
         with _converted(path):
-            if path.exists() and replace:
-                os.rename(path, old)
-            elif path.is_dir():
-                path.rmdir()  # empty (the caller checked): the new directory takes its place
-            os.rename(tmp, path)
+            try:
+                if path.exists() and replace:
+                    os.rename(path, old)
+                elif path.is_dir():
+                    path.rmdir()  # empty (the caller checked): the new directory takes its place
+                os.rename(tmp, path)
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                raise WriteError(f"{path}: another process wrote it while this one was writing (two writers of one "
+                                 f"directory at once, e.g. two exports to one --out); this one's files are "
+                                 f"discarded and {path} is left as the other wrote it") from None
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if old.exists() and not path.exists():

@@ -76,3 +76,44 @@ def test_an_absurd_batch_is_refused_at_load_and_divisors_are_bounded(tmp_path, c
         tiny_config(tmp_path, corpus_dir, f"finetune.batch_size={2**30}")
     assert micro_batches(2**24, 1)[-3:] == [2**22, 2**23, 2**24] and len(micro_batches(2**24, 1)) == 25
     assert micro_batches(36, 2) == [1, 2, 3, 6, 9, 18] and micro_batches(36, 5) == []
+
+
+def test_two_writers_of_one_directory_and_file_modes(tmp_path):
+    """Two exports to one --out at once (atomic.replacing_dir): the second to finish is told, not a traceback;
+    every file of a finished directory has the mode a plain open() gives (mkstemp writers left 0600)."""
+    import os
+    import stat
+    import tempfile
+
+    from minimodel import atomic
+    from minimodel.errors import WriteError
+
+    out = tmp_path / "out"
+    with pytest.raises(WriteError, match=r"another process wrote it while this one was writing"):
+        with atomic.replacing_dir(out) as d:
+            (d / "mine.txt").write_text("mine")
+            out.mkdir()  # the other export finished first
+            (out / "theirs.txt").write_text("theirs")
+    assert [p.name for p in out.iterdir()] == ["theirs.txt"] and not list(tmp_path.glob(".out.tmp-*"))
+
+    fresh = tmp_path / "fresh"
+    with atomic.replacing_dir(fresh) as d:
+        fd, name = tempfile.mkstemp(dir=d)  # 0600, as safetensors' and torch's temp-file writers leave
+        os.close(fd)
+        os.rename(name, d / "model.safetensors")
+        (d / "config.json").write_text("{}")
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in fresh.iterdir()} == \
+        {"model.safetensors": 0o666 & ~mask, "config.json": 0o666 & ~mask}
+
+
+def test_rotary_positions_with_an_odd_head_width_are_refused_at_load_leaving_nothing(tmp_path, corpus_dir, capsys):
+    from minimodel.cli import main
+    from tests.conftest import tiny_overrides
+
+    args = [*tiny_overrides(tmp_path, corpus_dir), "model.family=decoder", "model.positions=rotary",
+            "model.norm=rmsnorm", "model.activation=swiglu", "model.bias=false", "model.hidden=66", "model.heads=2"]
+    assert main(["pretrain", "experiments/tiny.yaml", *args]) == 2
+    assert "model.positions=rotary needs an even head width" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # no stage directory to block the next attempt

@@ -60,6 +60,10 @@ class ModelConfig:
             raise ValueError(f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads}), "
                              f"or model.head_size set")
         self._check_llama_options()
+        if self.positions == "rotary" and self.head_dim % 2:
+            raise ValueError(f"model.positions=rotary needs an even head width (rotary turns pairs of features), got "
+                             f"{self.head_dim} (model.hidden {self.hidden} / model.heads {self.heads}"
+                             f"{f', model.head_size {self.head_size}' if self.head_size else ''})")
         for name in ("dropout", "attn_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
