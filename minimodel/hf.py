@@ -180,6 +180,7 @@ def from_hf(path: str | Path) -> RobertaMLM:
     cfg = hf_config_to_model_config(hf_config, source)
     cls = tf.XLMRobertaForMaskedLM if hf_config.model_type == "xlm-roberta" else tf.RobertaForMaskedLM
     weights, options = _weights(source)
+    check_weights(weights, cls, hf_config, source)
     try:
         hf_model, info = cls.from_pretrained(source, config=hf_config, output_loading_info=True, **options)
     except pickle.UnpicklingError as e:  # transformers reads pickles with torch.load(weights_only=True)
@@ -187,7 +188,7 @@ def from_hf(path: str | Path) -> RobertaMLM:
     tied = {"lm_head.decoder.weight", "lm_head.decoder.bias"}
     missing = sorted(set(info.get("missing_keys", ())) - tied)
     if missing:
-        raise ValueError(f"{source}: checkpoint lacks {missing} (need a complete *ForMaskedLM checkpoint)")
+        raise CheckpointError(f"{source}: checkpoint lacks {missing} (need a complete *ForMaskedLM checkpoint)")
     model = RobertaMLM(cfg)
     model.load_state_dict(hf_state_dict_to_ours(hf_model.state_dict(), cfg, source), strict=True)
     model.tie_weights()
@@ -209,6 +210,40 @@ def _weights(source: str) -> tuple[str, dict[str, Any]]:
             return str(directory / name), {"use_safetensors": False}
     raise CheckpointError(f"{source}: no model weights in this Hugging Face model directory (expected "
                           f"{' or '.join(SAFE_WEIGHTS + PICKLE_WEIGHTS)}, as save_pretrained writes them)")
+
+
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+"""The safetensors dtypes minimodel reads as weights (any other: integers, booleans, 8-bit floats, is refused)."""
+
+
+def check_weights(weights: str, build: Any, hf_config: Any, source: str) -> None:
+    """Before transformers reads ``weights`` (a ``model.safetensors``; other files are left to their loader): a file
+    safetensors can read, floating-point tensors only (integers would be cast to float without a word: a quantised
+    or damaged checkpoint), and every tensor the model ``build(hf_config)`` (built on the meta device: no memory)
+    has at the shape it has there (a config and weights of different models). Each refusal is a ``CheckpointError`` naming the file and tensor."""
+    if not weights.endswith(".safetensors"):
+        return
+    from safetensors import safe_open
+
+    try:
+        with safe_open(weights, framework="pt") as f:
+            found = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
+    except Exception as e:  # safetensors' own error types, or an OSError
+        raise CheckpointError(f"{weights}: not a readable safetensors file ({str(e).splitlines()[0] if str(e) else type(e).__name__}): "
+                              f"the download or copy is damaged; fetch or save the model again") from None
+    odd = [f"{k} ({d})" for k, (_, d) in sorted(found.items()) if d not in FLOAT_DTYPES]
+    if odd:
+        raise CheckpointError(f"{weights}: weights stored as {', '.join(odd[:3])}{', ...' if len(odd) > 3 else ''}: "
+                              f"minimodel reads floating-point weights ({', '.join(FLOAT_DTYPES)}); a quantised or "
+                              f"damaged checkpoint would be cast to float without meaning: use the float model")
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in build(hf_config).state_dict().items()}
+    wrong = [f"{k} {list(found[k][0])} (config {source}: {list(expected[k])})"
+             for k in sorted(found) if k in expected and found[k][0] != expected[k]]
+    if wrong:
+        raise CheckpointError(f"{weights}: tensor shapes disagree with the model its config describes: "
+                              f"{'; '.join(wrong[:3])}{'; ...' if len(wrong) > 3 else ''}: the config and the weights "
+                              f"are of different models")
 
 
 def _not_plain_data(weights: str, e: pickle.UnpicklingError) -> CheckpointError:

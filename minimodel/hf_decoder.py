@@ -52,8 +52,9 @@ from torch import Tensor
 from minimodel.config.schema import PRIMARY, ModelConfig
 from minimodel.decoder import DecoderLM
 from minimodel.decoder_task import task_to_hf  # noqa: F401  (minimodel export task=T: the family's task export)
+from minimodel.errors import CheckpointError
 from minimodel.gguf import gguf_summary, hf_source
-from minimodel.hf import _not_plain_data, _transformers, _weights
+from minimodel.hf import _not_plain_data, _transformers, _weights, check_weights
 from minimodel.log import get_logger
 
 log = get_logger(__name__)
@@ -245,11 +246,20 @@ def from_hf(path: str | Path) -> DecoderLM:
     tf = _transformers()
     source = str(path)
     where, options = hf_source(source)
-    hf_config = tf.AutoConfig.from_pretrained(where, **options)
+    try:
+        hf_config = tf.AutoConfig.from_pretrained(where, **options)
+    except (ValueError, OSError, KeyError, EOFError) as e:  # a damaged GGUF file or config.json (ImportError: as is)
+        what = ("a readable GGUF file" if options else "a readable model directory (its config.json)"
+                if Path(where).is_dir() else "a model id the hub answers for here")
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{source}: not {what}: {first}; check the path or id, or fetch the model "
+                              f"again") from None
     cfg = hf_config_to_model_config(hf_config, source)
     weights, more = ("", {}) if options else _weights(where)
     if options:
         log.info(f"{source}: {gguf_summary(where, options['gguf_file'])}; dequantised to float32")
+    else:
+        check_weights(weights, tf.AutoModelForCausalLM.from_config, hf_config, source)
     try:
         hf_model, info = tf.AutoModelForCausalLM.from_pretrained(where, config=hf_config, output_loading_info=True,
                                                                  dtype=torch.float32, **more, **options)
@@ -257,7 +267,7 @@ def from_hf(path: str | Path) -> DecoderLM:
         raise _not_plain_data(weights or f"the weights of {source} (pytorch_model.bin)", e) from e
     missing = sorted(set(info.get("missing_keys", ())) - ({"lm_head.weight"} if cfg.tie_embeddings else set()))
     if missing:
-        raise ValueError(f"{source}: checkpoint lacks {missing} (need a complete *ForCausalLM checkpoint)")
+        raise CheckpointError(f"{source}: checkpoint lacks {missing} (need a complete *ForCausalLM checkpoint)")
     model = DecoderLM(cfg)
     model.load_state_dict(hf_state_dict_to_ours(hf_model.state_dict(), cfg), strict=True)
     model.tie_weights()

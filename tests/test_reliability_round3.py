@@ -117,3 +117,68 @@ def test_rotary_positions_with_an_odd_head_width_are_refused_at_load_leaving_not
     assert main(["pretrain", "experiments/tiny.yaml", *args]) == 2
     assert "model.positions=rotary needs an even head width" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()  # no stage directory to block the next attempt
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """A tiny RoBERTa (our to_hf) and a tiny Llama (transformers' own class), saved as save_pretrained writes them."""
+    import transformers
+
+    from minimodel import hf
+    from minimodel.config.schema import ModelConfig
+    from minimodel.model import RobertaMLM
+
+    t = tmp_path_factory.mktemp("hf")
+    hf.to_hf(RobertaMLM(ModelConfig(vocab_size=60, hidden=32, layers=2, heads=2, ffn=64, max_positions=40)),
+             t / "encoder")
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48,
+    )).save_pretrained(t / "decoder")
+    return t
+
+
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+@pytest.mark.parametrize("damage,message", [
+    ("garbage", r"model\.safetensors: not a readable safetensors file"),
+    ("missing", r"checkpoint lacks \["),
+    ("shape", r"model\.safetensors: tensor shapes disagree with the model its config describes: .* \[33"),
+    ("integers", r"model\.safetensors: weights stored as .* \(I32\): minimodel reads floating-point weights"),
+])
+def test_a_damaged_hugging_face_directory_is_a_clear_error(hf_dirs, tmp_path, family, damage, message):
+    """Every loader of an outside model (bridge.source: load_primary) on the four classes of damage: unreadable
+    bytes, a missing tensor, a shape the config disagrees with, integer weights. Each is a CheckpointError
+    (``error:``, exit 2) naming the file, where transformers raised or cast without a word."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from minimodel.errors import CheckpointError
+    from minimodel.stages.bridge import load_primary
+
+    d = tmp_path / family
+    shutil.copytree(hf_dirs / family, d)
+    weights = load_file(d / "model.safetensors")
+    key = sorted(weights)[3]
+    if damage == "garbage":
+        (d / "model.safetensors").write_bytes(b"\x00not safetensors" * 64)
+    elif damage == "missing":
+        save_file({k: v for k, v in weights.items() if k != key}, d / "model.safetensors")
+    elif damage == "shape":
+        save_file({**weights, key: torch.zeros(weights[key].shape[0] + 1, *weights[key].shape[1:])},
+                  d / "model.safetensors")
+    else:
+        save_file({**weights, key: weights[key].to(torch.int32)}, d / "model.safetensors")
+    with pytest.raises(CheckpointError, match=message):
+        load_primary(str(d), family)
+
+
+def test_a_damaged_gguf_file_is_a_clear_error(tmp_path):
+    pytest.importorskip("gguf")
+    from minimodel.errors import CheckpointError
+    from minimodel.stages.bridge import load_primary
+
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"GGUF" + b"\xff" * 60)
+    with pytest.raises(CheckpointError, match=r"model\.gguf: not a readable GGUF file"):
+        load_primary(str(bad), "decoder")
