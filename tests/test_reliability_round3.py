@@ -182,3 +182,34 @@ def test_a_damaged_gguf_file_is_a_clear_error(tmp_path):
     bad.write_bytes(b"GGUF" + b"\xff" * 60)
     with pytest.raises(CheckpointError, match=r"model\.gguf: not a readable GGUF file"):
         load_primary(str(bad), "decoder")
+
+
+@pytest.mark.parametrize("ext,sep", [("csv", ","), ("tsv", "\t")])
+def test_a_ragged_table_row_is_refused_naming_its_line(tmp_path, ext, sep):
+    from minimodel.data.task_files import read_records
+    from minimodel.errors import TaskDataError
+
+    path = tmp_path / f"train.{ext}"
+    path.write_text(f"text{sep}label\nfine{sep}a\nan unquoted{sep} comma{sep}b\n")
+    with pytest.raises(TaskDataError, match=rf"train\.{ext}, line 3: 3 fields where the header has 2"):
+        list(read_records(path))
+    path.write_text(f'text{sep}label\n"quoted{sep} fine"{sep}b\n')
+    assert [r["text"] for _, r in read_records(path)] == [f"quoted{sep} fine"]
+
+
+def test_an_xz_corpus_is_sampled_within_its_byte_budget_and_the_log_says_how_much(tmp_path, caplog):
+    import logging
+    import lzma
+
+    from minimodel.data.spm_sample import tokenizer_sample
+
+    corpus = tmp_path / "de.txt.xz"
+    lines = [f"Zeile {i:06d} mit etwas Text darin, damit sie nicht zu kurz ist." for i in range(60_000)]
+    with lzma.open(corpus, "wt", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    budget = 100_000
+    with caplog.at_level(logging.INFO, logger="minimodel"):
+        sample = tokenizer_sample(corpus, tmp_path / "sample.txt", 1_000_000, budget)
+    assert sample and len(sample) <= budget // len(lines[0]) + 1  # not the whole 3.9 MB file
+    assert max(int(s.split()[1]) for s in sample) < budget // len(lines[0]) + 1
+    assert "from the first 100.0 kB of text at most" in caplog.text

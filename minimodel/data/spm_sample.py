@@ -42,8 +42,14 @@ def _window_texts(corpus: Path, budget: int, stop: Callable[[], str | None]) -> 
         for chunk in iter_raw_chunks(corpus, 32 << 20):
             if stop() or read >= budget:
                 return
-            read += len(chunk.data)
-            yield chunk.data
+            data = chunk.data
+            if read + len(data) > budget:  # the budget ends inside this chunk: up to the last whole line within it
+                data = data[:budget - read]
+                data = data[:data.rfind(b"\n") + 1]
+                read = budget
+            else:
+                read += len(data)
+            yield data
         return
     with open(corpus, "rb") as f:
         for start, end in sample_windows(size, budget):
@@ -117,6 +123,11 @@ def _read_sample(path: Path, key: dict) -> list[str] | None:
 _SAMPLE_HEADER = "#minimodel-tokenizer-sample "
 
 
+def _amount(n: int) -> str:
+    """Bytes for the log: 2.1 GB, 1.0 MB, 900 kB."""
+    return next(f"{n / d:.1f} {u}" for d, u in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1, "bytes")) if n >= d or d == 1)
+
+
 def tokenizer_sample(corpus: Path, sample_path: Path, max_sentences: int, budget: int, seed: int = 1,
                      stop: Callable[[], str | None] = lambda: None) -> list[str] | None:
     """The lines to train the tokenizer on: those saved in ``sample_path`` by an earlier run with the same
@@ -128,10 +139,10 @@ def tokenizer_sample(corpus: Path, sample_path: Path, max_sentences: int, budget
         return lines
     size = corpus.stat().st_size
     if corpus.suffix == ".xz" and size > budget // 8:  # (xz holds about 4-8 bytes of text per byte)
-        how = (f"from the first {budget / 1e9:.1f} GB of text at most (an xz file cannot be read from an offset "
+        how = (f"from the first {_amount(budget)} of text at most (an xz file cannot be read from an offset "
                f"without decompressing up to it; decompress the corpus to sample windows spread over all of it)")
     elif size > budget:
-        how = f"from {budget / 1e9:.1f} GB read in {len(sample_windows(size, budget))} windows spread over the file"
+        how = f"from {_amount(budget)} read in {len(sample_windows(size, budget))} windows spread over the file"
     else:
         how = "from the whole corpus"
     log.info(f"tokenizer sample: drawing at most {max_sentences:,} lines of {corpus} {how}")

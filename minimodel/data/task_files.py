@@ -78,6 +78,12 @@ def _read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
                 header = reader.fieldnames or []  # (reads the header: line_num is its last line)
                 _check_columns(path, f"line {reader.line_num}: the header", header)
                 for row in reader:
+                    if None in row:  # DictReader's restkey: more fields than the header names
+                        sep = "tab" if ext == "tsv" else "comma"
+                        raise TaskDataError(
+                            f"{path}, line {reader.line_num}: {len(header) + len(row[None])} fields where the header "
+                            f"has {len(header)}: a {sep} inside a text that is not quoted? Quote that field "
+                            f"(\"...\") or remove the extra {sep}s")
                     yield f"line {reader.line_num}", row
             except csv.Error as e:
                 raise TaskDataError(f"{path}, line {reader.line_num}: not readable as {ext.upper()} ({e})") from e
