@@ -23,6 +23,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import stat
 from collections.abc import Callable, Iterable, Iterator
@@ -87,7 +88,14 @@ def disk_error(e: BaseException, path: Path | None = None, needed: int = 0) -> W
         return e
     if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
         return WriteError(describe(e, path, needed), e.errno)
+    if isinstance(e, OSError) and e.errno is None and _SHORT_WRITE.fullmatch(str(e)):
+        # numpy's tofile (np.save into a file) reports a full disk as a short write, without an errno
+        full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return WriteError(describe(full, path, needed), errno.ENOSPC)
     return None
+
+
+_SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")
 
 
 @contextlib.contextmanager

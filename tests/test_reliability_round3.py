@@ -213,3 +213,20 @@ def test_an_xz_corpus_is_sampled_within_its_byte_budget_and_the_log_says_how_muc
     assert sample and len(sample) <= budget // len(lines[0]) + 1  # not the whole 3.9 MB file
     assert max(int(s.split()[1]) for s in sample) < budget // len(lines[0]) + 1
     assert "from the first 100.0 kB of text at most" in caplog.text
+
+
+def test_a_short_write_is_reported_as_a_full_disk(tmp_path):
+    """numpy's tofile (np.save of a shard) reports a full disk as "N requested and M written", with no errno: the
+    same message as every other full-disk write ("no space left on device", the bytes needed and free)."""
+    from minimodel import atomic
+    from minimodel.errors import WriteError
+
+    def save(f):  # what np.save raises when the disk takes part of the shard
+        f.write(b"x" * 100)
+        raise OSError("348641 requested and 100288 written")
+
+    with pytest.raises(WriteError, match=r"(?i)no space left on device") as e:
+        atomic.write_with(tmp_path / "shard.npy", save, needed=348641)
+    assert "shard.npy" in str(e.value) and "requested" not in str(e.value)
+    assert not list(tmp_path.iterdir())  # nothing half-written left
+    assert atomic.disk_error(OSError("something else")) is None
