@@ -230,3 +230,51 @@ def test_a_short_write_is_reported_as_a_full_disk(tmp_path):
     assert "shard.npy" in str(e.value) and "requested" not in str(e.value)
     assert not list(tmp_path.iterdir())  # nothing half-written left
     assert atomic.disk_error(OSError("something else")) is None
+
+
+def test_a_finished_prepare_is_checked_against_what_is_on_disk(prepared, corpus_dir, tmp_path, capsys):
+    """A flipped byte in a shard is found by its checksum, a cut shard and a replaced tokenizer by prepare's skip
+    check; each piece of advice in the messages works when followed (issue 43)."""
+    import shutil
+
+    import numpy as np
+
+    from minimodel.cli import main
+    from minimodel.data.prepare import is_prepared
+    from minimodel.data.shards import MANIFEST, ShardError, TokenStream
+    from tests.conftest import tiny_config, tiny_overrides
+
+    copy = tmp_path / "copy"
+    shutil.copytree(prepared, copy)
+    cfg = tiny_config(copy, corpus_dir, prepared=copy)
+    shards = next((copy / "prepared" / "de").glob("**/shards"))
+    before = TokenStream.open(shards).slice(0, 2000).copy()
+    manifest = json.loads((shards / MANIFEST).read_text())
+    assert all("sha256" in e and "bytes" in e for e in manifest["shards"])
+    args = ["prepare", "experiments/tiny.yaml", *tiny_overrides(copy, corpus_dir, copy), "--langs=de"]
+
+    # a flipped byte: same size, so prepare's cheap check passes; the loader's checksum does not
+    first = shards / manifest["shards"][0]["file"]
+    data = bytearray(first.read_bytes())
+    data[len(data) // 2] ^= 0x55
+    first.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match=r"is damaged: its sha256 differs .* delete it and run `minimodel prepare`"):
+        TokenStream.open(shards)
+    first.unlink()  # the advice
+    assert not is_prepared(cfg, "de")
+    assert main(args) == 0
+    assert np.array_equal(TokenStream.open(shards).slice(0, 2000), before)
+
+    # a cut shard: prepare does not say "finished", it re-encodes that shard
+    first.write_bytes(first.read_bytes()[:-100])
+    assert not is_prepared(cfg, "de")
+    assert main(args) == 0 and np.array_equal(TokenStream.open(shards).slice(0, 2000), before)
+
+    # a replaced tokenizer: not finished, and prepare refuses to mix, overwriting nothing
+    spm = next((copy / "prepared" / "de").glob("**/spm.model"))
+    spm.write_bytes(next((copy / "prepared" / "tr").glob("**/spm.model")).read_bytes())
+    assert not is_prepared(cfg, "de")
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "made from a different corpus or tokenizer (tokenizer_sha256" in capsys.readouterr().err
+    assert np.array_equal(np.load(first, mmap_mode="r")[:10], before[:10])

@@ -21,7 +21,15 @@ import numpy as np
 
 from minimodel import atomic
 from minimodel.data.corpus import CountingReader, RawChunk, Undecodable, iter_raw_chunks, parse_documents
-from minimodel.data.shards import ShardError, check_writable, read_manifest, shard_ok, token_dtype, write_manifest
+from minimodel.data.shards import (
+    ShardError,
+    check_writable,
+    file_digest,
+    read_manifest,
+    shard_ok,
+    token_dtype,
+    write_manifest,
+)
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import UserError
 from minimodel.log import Progress, get_logger
@@ -99,7 +107,8 @@ def encode_chunk(chunk: RawChunk, first_line: int, tok: AnyTokenizer, out_dir: P
     name = f"shard_{chunk.index:05d}.npy"
     atomic.write_with(out_dir / name, lambda f: np.save(f, arr), needed=arr.nbytes + 128)
     entry = {"index": chunk.index, "file": name, "tokens": int(len(arr)), "documents": len(docs),
-             "start": chunk.start, "end": chunk.end, "lines": chunk.data.count(b"\n")}
+             "start": chunk.start, "end": chunk.end, "lines": chunk.data.count(b"\n"),
+             **file_digest(out_dir / name)}
     return entry, undecodable
 
 

@@ -17,7 +17,7 @@ from minimodel import atomic, signals
 from minimodel.config.schema import ExperimentConfig
 from minimodel.data.corpus import check_text, find_corpus, iter_documents
 from minimodel.data.encode import encode_corpus, workers_for
-from minimodel.data.shards import check_writable
+from minimodel.data.shards import ShardError, check_writable, read_manifest, shard_ok
 from minimodel.data.spm_sample import SAMPLE_FILE
 from minimodel.data.spm_training import train_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError
@@ -54,13 +54,32 @@ def prepare_settings(cfg: ExperimentConfig, lang: str) -> dict:
 
 
 def is_prepared(cfg: ExperimentConfig, lang: str) -> bool:
-    """Whether ``lang``'s prepare step finished with these settings (its ``done.json`` says so)."""
-    done = prepared_paths(cfg, lang).done
+    """Whether ``lang``'s prepare step finished with these settings (its ``done.json`` says so) and what it made is
+    still on disk as it was made, checked cheaply (no read of the tokens): the tokenizer file it recorded (sha256 of
+    a SentencePiece model, a few MB at most) and every shard of a complete manifest at its recorded size. A step
+    whose files changed is not finished: prepare looks again (re-encodes a missing or cut shard, refuses shards
+    made with another tokenizer)."""
+    paths = prepared_paths(cfg, lang)
     try:
-        recorded = json.loads(done.read_text(encoding="utf-8"))
+        recorded = json.loads(paths.done.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(recorded, dict) and recorded.get("settings") == prepare_settings(cfg, lang)
+    if not isinstance(recorded, dict) or recorded.get("settings") != prepare_settings(cfg, lang):
+        return False
+    if not paths.hf and recorded.get("tokenizer_sha256"):
+        try:
+            if Tokenizer(paths.tokenizer).sha256 != recorded["tokenizer_sha256"]:
+                log.warning(f"prepare {lang}: {paths.tokenizer} is not the tokenizer {paths.done} records: the "
+                            f"step is not finished with it")
+                return False
+        except Exception:  # missing or unreadable: not finished either
+            return False
+    try:
+        manifest = read_manifest(Path(paths.shards))
+    except ShardError:
+        return False
+    return bool(manifest and manifest.get("complete")
+                and all(shard_ok(Path(paths.shards), e) for e in manifest["shards"]))
 
 
 def load_prepared_tokenizer(cfg: ExperimentConfig, lang: str) -> AnyTokenizer:
