@@ -278,3 +278,39 @@ def test_a_finished_prepare_is_checked_against_what_is_on_disk(prepared, corpus_
     assert main(args) == 2
     assert "made from a different corpus or tokenizer (tokenizer_sha256" in capsys.readouterr().err
     assert np.array_equal(np.load(first, mmap_mode="r")[:10], before[:10])
+
+
+def test_a_finished_pretraining_whose_final_checkpoint_is_damaged_is_rebuilt_the_same(tmp_path, prepared, corpus_dir):
+    """last.ckpt of a finished pretraining cut short (and so its hard-linked step file): the consumer's message says
+    to delete it; doing so, or not, and rerunning the stage rebuilds it from the newest intact checkpoint, exactly
+    (the same identity); before, pretrain said "complete; skipping" and adapt "checkpoint not found"."""
+    from minimodel.checkpoints import CheckpointError
+    from minimodel.stages.bridge import load_primary
+    from tests.conftest import ROOT
+    from tests.test_reliability import overrides, run_to_end
+
+    exp = str(ROOT / "experiments" / "tiny.yaml")
+    args = overrides(tmp_path, prepared, corpus_dir, "pretrain.optim.updates=8")
+    run_to_end("pretrain", exp, *args)
+    run = tmp_path / "tiny" / "minijoint" / "pretrain"
+    ckpts = run / "checkpoints"
+    done = json.loads((run / "done.json").read_text())
+    assert done["checkpoint_bytes"] == (ckpts / "last.ckpt").stat().st_size
+    assert (ckpts / "last.ckpt").stat().st_ino == (ckpts / "step0000008.ckpt").stat().st_ino  # one file, two names
+
+    with open(ckpts / "last.ckpt", "r+b") as f:  # cut short in place: both names
+        f.truncate(done["checkpoint_bytes"] // 2)
+    with pytest.raises(CheckpointError, match=r"truncated or corrupt .*delete it to fall back to an earlier one"):
+        load_primary(str(ckpts / "last.ckpt"))
+    out = run_to_end("pretrain", exp, *args)
+    assert "finished, but its final checkpoint" in out and "cut short or replaced" in out and "rebuilding it" in out
+    assert "resuming from the newest intact checkpoint" in out and "step0000004.ckpt" in out
+    again = json.loads((run / "done.json").read_text())
+    assert again["identity"] == done["identity"] and (run / "done.before-rebuild.json").is_file()
+
+    (ckpts / "last.ckpt").unlink()  # the advice: delete it
+    out = run_to_end("pretrain", exp, *args)
+    assert f"its final checkpoint {ckpts / 'last.ckpt'} is missing" in out
+    assert json.loads((run / "done.json").read_text())["identity"] == done["identity"]
+    assert "is complete; skipping" in run_to_end("pretrain", exp, *args)
+    load_primary(str(ckpts / "last.ckpt"))

@@ -8,6 +8,7 @@ Everything else is here, the same for every stage."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from minimodel import atomic
 from minimodel.checkpoints import CheckpointError, load_checkpoint
 from minimodel.config.load import save_config
 from minimodel.config.schema import ExperimentConfig, OptimConfig, TrainerConfig
@@ -28,6 +30,7 @@ from minimodel.flops import FlopSchedule
 from minimodel.identity import check_finished
 from minimodel.layout import (
     CONFIG,
+    DONE,
     Layout,
     checkpoints,
     is_done,
@@ -177,6 +180,28 @@ def resume_point(run_dir: Path) -> tuple[Path, int] | None:
     return None
 
 
+CHECKPOINT_PRODUCTS = ("pretrain", "bridge")
+"""Stages whose product is their final checkpoint (``last.ckpt``: the primary model, the mini-model); the others'
+are files of their own (embeddings, model.pt), their last.ckpt only a resume point."""
+REBUILT = "done.before-rebuild.json"
+
+
+def final_checkpoint_problem(stage: str, run_dir: Path, done: dict) -> str:
+    """What is wrong with a finished ``stage`` run's product, checked cheaply (no load): its final checkpoint missing,
+    or cut short of the size recorded when it finished; "" when nothing is (or the stage's product is another file).
+    Its step checkpoint at the last update is the same file (a hard link: one model's bytes on disk, not two),
+    so the rebuild resumes from the newest intact earlier one; exact resume makes the rebuilt weights the same."""
+    if stage.partition("/")[0] not in CHECKPOINT_PRODUCTS:
+        return ""
+    last = last_checkpoint(run_dir)
+    if not last.is_file():
+        return f"its final checkpoint {last} is missing"
+    size, recorded = last.stat().st_size, done.get("checkpoint_bytes")
+    if isinstance(recorded, int) and size != recorded:
+        return f"its final checkpoint {last} is {size:,} bytes where {recorded:,} were written (cut short or replaced)"
+    return ""
+
+
 def clear_leftovers(run_dir: Path, step: int) -> None:
     """Before a run starts (``step`` 0) or resumes from an earlier checkpoint than its newest files (``step``):
     what an earlier attempt wrote after ``step`` (adaptation checkpoints, step checkpoints, metrics rows) would
@@ -211,14 +236,29 @@ class Runner(Generic[T]):
         with exclusive(self.stage.run_dir, f"stage {self.stage.name}"):
             return self._run(progress_bar)
 
+    def _finished(self) -> StageResult | None:
+        """The result of a finished run this configuration's (skipped), None when there is none to skip: not finished,
+        or finished but its product is damaged (``final_checkpoint_problem``: the run is then rebuilt)."""
+        stage, run_dir = self.stage, self.stage.run_dir
+        if not is_done(run_dir):
+            return None
+        done = read_done(run_dir) or {}  # a corrupt done.json: a UserError naming it
+        check_finished(self.cfg, stage.name, run_dir)  # finished with other settings: a ConfigError listing them
+        problem = final_checkpoint_problem(stage.name, run_dir, done)
+        if problem:
+            log.warning(f"{run_dir} finished, but {problem}: rebuilding it, resumed from the newest intact checkpoint "
+                        f"(an exact resume: the same weights; its done.json is kept as {REBUILT})")
+            os.replace(run_dir / DONE, run_dir / REBUILT)
+            return None
+        check_inputs(run_dir, stage.inputs)  # built on a run that finished again since: a UserError naming both
+        log.info(f"{run_dir} is complete; skipping")
+        return StageResult(run_dir, Outcome.SKIPPED, done=done)
+
     def _run(self, progress_bar: bool) -> StageResult:
         stage, run_dir = self.stage, self.stage.run_dir
-        if is_done(run_dir):
-            done = read_done(run_dir) or {}  # a corrupt done.json: a UserError naming it
-            check_finished(self.cfg, stage.name, run_dir)  # finished with other settings: a ConfigError listing them
-            check_inputs(run_dir, stage.inputs)  # built on a run that finished again since: a UserError naming both
-            log.info(f"{run_dir} is complete; skipping")
-            return StageResult(run_dir, Outcome.SKIPPED, done=done)
+        skipped = self._finished()
+        if skipped is not None:
+            return skipped
         resume = resume_point(run_dir)
         if resume is not None or (run_dir / CONFIG).is_file():
             # resuming, or starting again over an earlier attempt's files: only with the settings it ran with
@@ -264,17 +304,26 @@ class Runner(Generic[T]):
                 drop_stop_rows(run_dir, step, t.log_every, t.val_every)
             outcome = Outcome.INTERRUPTED if ckpts.signalled else Outcome.STOPPED
             return StageResult(run_dir, outcome, step, ckpts.stop_requested or "stopped early")
-        done: dict = {}
-        if trainer.is_global_zero:
-            done = {"stage": stage.name, "step": step, "checkpoint": str(last_checkpoint(run_dir)),
-                    "flops": flops.at(step) if flops is not None else 0.0,
-                    "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
-                    "inputs": recorded_inputs(run_dir),
-                    "identity": identity(settings_of(self.cfg, stage.name), recorded_inputs(run_dir),
-                                         weights_digest(training.module.state_dict())),
-                    "skipped_updates": getattr(getattr(training.module, "guard", None), "skipped", 0),
-                    "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-            if training.finish is not None:
-                done.update(training.finish(trainer))
-            write_done(run_dir, done)
+        done = self._write_done(trainer, training, flops, resume) if trainer.is_global_zero else {}
         return StageResult(run_dir, Outcome.FINISHED, step, done=done)
+
+    def _write_done(self, trainer: L.Trainer, training: Training, flops: FlopSchedule | None,
+                    resume: tuple[Path, int] | None) -> dict:
+        """The finished run's ``done.json`` (rank 0), with the size of its final checkpoint."""
+        stage, run_dir, step = self.stage, self.stage.run_dir, trainer.global_step
+        last = last_checkpoint(run_dir)
+        if not last.is_file() and resume is not None and resume[1] == step:  # resumed at the end: no update ran
+            atomic.link_or_copy(resume[0], last)  # its final checkpoint is the step file it resumed from
+        done = {"stage": stage.name, "step": step, "checkpoint": str(last),
+                "checkpoint_bytes": last.stat().st_size if last.is_file() else None,
+                "flops": flops.at(step) if flops is not None else 0.0,
+                "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+                "inputs": recorded_inputs(run_dir),
+                "identity": identity(settings_of(self.cfg, stage.name), recorded_inputs(run_dir),
+                                     weights_digest(training.module.state_dict())),
+                "skipped_updates": getattr(getattr(training.module, "guard", None), "skipped", 0),
+                "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        if training.finish is not None:
+            done.update(training.finish(trainer))
+        write_done(run_dir, done)
+        return done
