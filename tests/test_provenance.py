@@ -51,7 +51,8 @@ def test_a_redone_adaptation_replaces_its_rows_and_predictions(copied_chain, cap
     predictions = system / "predictions" / "lohelp" / "de" / "seed1-step0000008.jsonl"
     old_predictions = predictions.read_text()  # the final checkpoint's predictions are saved by default
     assert main(["evaluate", experiment, *overrides, "adapt.optim.lr=3e-2", "lang=de", "--no-progress"]) == 0
-    assert "came from runs redone since (lohelp seed 1 de, lohelp seed 2 de)" in capsys.readouterr().err
+    assert "came from runs redone, or evaluation data changed, since (lohelp seed 1 de, lohelp seed 2 de)" in \
+        capsys.readouterr().err
     assert predictions.read_text() != old_predictions
     assert main(["evaluate", experiment, *overrides, "--no-progress"]) == ERROR_EXIT  # the config says lr 2e-3
     assert "adapt.optim.lr: 0.03 there, 0.002 here" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -314,3 +315,43 @@ def test_a_finished_pretraining_whose_final_checkpoint_is_damaged_is_rebuilt_the
     assert json.loads((run / "done.json").read_text())["identity"] == done["identity"]
     assert "is complete; skipping" in run_to_end("pretrain", exp, *args)
     load_primary(str(ckpts / "last.ckpt"))
+
+
+def test_rows_record_their_evaluation_data_and_changed_data_is_evaluated_again(tiny_finetuned, tmp_path, capsys):
+    """Evaluating after the task's test file changed used to say "N already in" and keep the old rows: rows now
+    record the identity of the data they were computed on (file, featurisation, tokenizer), and changed data is
+    evaluated again, as a redone run already is."""
+    from minimodel.cli import main
+    from tests.conftest import ROOT
+    from tests.test_own_task import write_task
+
+    _, cfg, args = tiny_finetuned
+    task = write_task(tmp_path / "calc")
+    exp = tmp_path / "calc.yaml"
+    exp.write_text(f"extends: {ROOT / 'experiments' / 'tiny.yaml'}\nname: calc\nmodels_from: tiny\ntasks:\n  calc:\n"
+                   f"    kind: local\n    source: {task}\n    text_fields: [passage]\n    label_field: about_calc\n"
+                   f"    lr: 1.0e-3\n    max_len: 64\n")
+    over = [*args[1:], "finetune.tasks=[calc]", "finetune.seeds=[1]", "logging.wandb=disabled", "target_langs=[de]",
+            f"runs_dir={tmp_path / 'runs'}"]
+    # the reused models live in tiny's runs_dir: link them in
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "tiny").symlink_to(Path(cfg.runs_dir) / "tiny")
+    assert main(["run", str(exp), *over, "--no-progress"]) == 0
+    results = tmp_path / "runs" / "calc" / "bl_base" / "results.jsonl"
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    zero_shot = [r for r in rows if r["step"] >= 0]
+    assert zero_shot and all(isinstance(r.get("data_id"), str) for r in zero_shot)
+    capsys.readouterr()
+    assert main(["evaluate", str(exp), *over, "--no-progress"]) == 0
+    assert "evaluation data changed" not in capsys.readouterr().err  # the same data: nothing evaluated again
+
+    test_de = next(task.glob("test.de.*"))
+    lines = test_de.read_text().splitlines()
+    test_de.write_text("\n".join(lines[:-20]) + "\n")  # 20 examples fewer
+    assert main(["evaluate", str(exp), *over, "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "came from runs redone, or evaluation data changed, since" in err
+    after = [json.loads(line) for line in results.read_text().splitlines()]
+    new = [r for r in after if r["step"] >= 0 and r["lang"] == "de"]
+    assert len(new) == len([r for r in zero_shot if r["lang"] == "de"])  # replaced, not added
+    assert {r["data_id"] for r in new}.isdisjoint({r["data_id"] for r in zero_shot})

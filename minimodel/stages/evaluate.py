@@ -40,6 +40,7 @@ from minimodel.log import PROGRESS_EVERY_S, bar_wanted, get_logger
 from minimodel.provenance import (
     check_inputs,
     check_producer,
+    data_identity,
     producers,
     require_finished,
     run_identity,
@@ -220,11 +221,28 @@ def dev_selection(cfg: ExperimentConfig, ckpts: list[Path]) -> list[Path]:
     return [*before[-1:], ckpts[-1]]
 
 
+def data_ids(cfg: ExperimentConfig, tasks: list[str], langs: set[str]) -> dict[tuple[str, str], str]:
+    """(task, lang) -> the identity of the data its zero-shot rows are computed on (``provenance.data_identity``:
+    the evaluation file, its featurisation settings, the target tokenizer)."""
+    out = {}
+    for task in tasks:
+        data, t = TaskData(task, cfg.tasks[task]), cfg.tasks[task]
+        settings = {"max_len": t.max_len, "text_fields": list(t.text_fields), "label_field": t.label_field,
+                    "stride": t.stride, "max_answer_len": t.max_answer_len, "n_best": t.n_best}
+        for lang in langs:
+            try:
+                where = data.split_file(cfg.evaluate.split, lang)
+            except Exception:  # no such file: the evaluation says so where it reads it
+                continue
+            out[(task, lang)] = data_identity(where, settings, load_prepared_tokenizer(cfg, lang).sha256)
+    return out
+
+
 def remove_stale(cfg: ExperimentConfig, r: Runs, table: ResultsTable, tasks: list[str], seeds: list[int],
-                 langs: set[str]) -> None:
+                 langs: set[str], data: dict[tuple[str, str], str]) -> None:
     """Rows of the selection whose adaptation or finetuning run was redone since they were written (other
-    identities, ``provenance``) are removed, with their predictions files: the evaluation then computes them
-    again from the runs as they are now."""
+    identities, ``provenance``), or whose evaluation data changed since (``data``: ``data_ids``), are removed,
+    with their predictions files: the evaluation then computes them again from the runs and data as they are now."""
     bodies = ("primary", "mini") if of(cfg).mini_finetune else ("primary",)
     finetuned = {(t, s, b): run_identity(r.finetune(t, s, b)) for t in tasks for s in seeds for b in bodies}
     adapted = {lang: run_identity(r.adapt(lang)) for lang in langs}
@@ -233,7 +251,8 @@ def remove_stale(cfg: ExperimentConfig, r: Runs, table: ResultsTable, tasks: lis
         current[(task, seed, body, cfg.source_lang)] = {"finetune_id": ft}
         for lang, ad in adapted.items():
             if body == "primary":
-                current[(task, seed, body, lang)] = {"finetune_id": ft, "adapt_id": ad}
+                current[(task, seed, body, lang)] = {"finetune_id": ft, "adapt_id": ad,
+                                                     **({"data_id": data[(task, lang)]} if (task, lang) in data else {})}
     stale = stale_rows((row for row in table.rows() if row["split"] == cfg.evaluate.split), current,
                        lambda row: (row["task"], row["seed"], row["body"], row["lang"]))
     if not stale:
@@ -244,8 +263,9 @@ def remove_stale(cfg: ExperimentConfig, r: Runs, table: ResultsTable, tasks: lis
             r.layout.predictions(r.label, row["task"], row["lang"], row["seed"], row["step"],
                                  row["split"]).unlink(missing_ok=True)
     which = sorted({f"{row['task']} seed {row['seed']} {row['lang']}" for row in stale})
-    log.warning(f"evaluate {r.label}: {len(stale)} rows of {table.path} came from runs redone since ({', '.join(which[:6])}"
-                f"{', ...' if len(which) > 6 else ''}): removed, with their predictions, and evaluated again")
+    log.warning(f"evaluate {r.label}: {len(stale)} rows of {table.path} came from runs redone, or evaluation data "
+                f"changed, since ({', '.join(which[:6])}{', ...' if len(which) > 6 else ''}): removed, with their "
+                f"predictions, and evaluated again")
 
 
 def record_english_truncation(r: Runs, tasks: list[str], seeds: list[int]) -> None:
@@ -268,7 +288,8 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
     device = device_for(cfg, local)
     cache: dict[tuple[str, tuple[str, ...], str], tuple[AnyTokenizer, list, list]] = {}
     plan, finals = evaluation_plan(cfg, r, tasks, seeds)
-    remove_stale(cfg, r, table, tasks, seeds, {lang for _, _, lang, _ in plan})
+    data_id = data_ids(cfg, tasks, {lang for _, _, lang, _ in plan})
+    remove_stale(cfg, r, table, tasks, seeds, {lang for _, _, lang, _ in plan}, data_id)
     done = {tuple(row[k] for k in KEY) for row in table.rows() if row["split"] == cfg.evaluate.split}
     keep = cfg.evaluate.save_predictions
     bodies = ("primary", "mini") if of(cfg).mini_finetune else ("primary",)
@@ -337,7 +358,8 @@ def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogg
         base = {"system": r.label, "body": "primary", "task": task, "lang": lang, "seed": seed,
                 "step": int(adapted.step), "flops": float(adapted.flops), "v100_days": float(adapted.v100_days),
                 "split": cfg.evaluate.split, "pretrain_seed": cfg.pretrain.trainer.seed,
-                "finetune_id": run_identity(r.finetune(task, seed)), "adapt_id": run_identity(r.adapt(lang))}
+                "finetune_id": run_identity(r.finetune(task, seed)), "adapt_id": run_identity(r.adapt(lang)),
+                **({"data_id": data_id[(task, lang)]} if (task, lang) in data_id else {})}
         rows = [{**base, "metric": m, "value": v} for m, v in scores.items()]
         wandb.log(table.append(rows))
         written += 1
