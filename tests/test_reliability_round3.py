@@ -355,3 +355,23 @@ def test_rows_record_their_evaluation_data_and_changed_data_is_evaluated_again(t
     new = [r for r in after if r["step"] >= 0 and r["lang"] == "de"]
     assert len(new) == len([r for r in zero_shot if r["lang"] == "de"])  # replaced, not added
     assert {r["data_id"] for r in new}.isdisjoint({r["data_id"] for r in zero_shot})
+
+
+def test_a_stop_during_sentencepiece_training_ends_it_at_once(tmp_path):
+    """SentencePiece's C++ trainer used to hold the interpreter until it finished (about 20 s here, hours on CC-100
+    English): a USR1/SIGTERM or Ctrl-C took effect only then. It now trains in a child process that a stop ends."""
+    import time
+
+    from minimodel.data.spm_sample import SAMPLE_FILE, _sample_key, tokenizer_sample
+    from minimodel.data.spm_training import _train_stoppably
+    from tests.conftest import DEMO_CORPUS
+
+    corpus = DEMO_CORPUS / "en.txt.xz"
+    sample = tmp_path / SAMPLE_FILE
+    assert tokenizer_sample(corpus, sample, 1_000_000, 2**62)
+    options = dict(vocab_size=8000, model_type="unigram", num_threads=1, minloglevel=2)
+    started = time.monotonic()
+    asked = lambda: "SIGTERM" if time.monotonic() - started > 1.0 else None  # noqa: E731
+    assert _train_stoppably(sample, _sample_key(corpus, 1_000_000, 2**62, 1), options, asked) is None
+    assert time.monotonic() - started < 5.0  # the training itself takes several times longer
+    assert sample.is_file()  # kept: the next run trains on it

@@ -4,14 +4,16 @@ standard or large-corpus mode, with its failures said in terms of the corpus and
 from __future__ import annotations
 
 import io
+import multiprocessing
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
 from minimodel import atomic
-from minimodel.data.spm_sample import MAX_SENTENCE_BYTES, SAMPLE_FILE, tokenizer_sample
+from minimodel.data.spm_sample import MAX_SENTENCE_BYTES, SAMPLE_FILE, _read_sample, _sample_key, tokenizer_sample
 from minimodel.data.tokenizer import BOS, EOS, PAD, SPECIALS, UNK, Tokenizer, TokenizerError
 from minimodel.log import get_logger
 
@@ -75,23 +77,57 @@ def train_tokenizer(
                 f"{SPM_INDEX_LIMIT:,} characters)" if large else
                 f"in its standard mode ({(chars + 2 * len(lines)) / SPM_INDEX_LIMIT:.1%} of its 32-bit index)")
              + f", {threads} thread(s)")
-    model = io.BytesIO()
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(lines),
-            model_writer=model,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            bos_id=BOS, pad_id=PAD, eos_id=EOS, unk_id=UNK,
-            user_defined_symbols=["<mask>"],
-            num_threads=threads,
-            max_sentence_length=MAX_SENTENCE_BYTES,
-            train_extremely_large_corpus=large,
-            minloglevel=2,
-        )
-    except RuntimeError as e:
-        raise _training_error(corpus, vocab_size, str(e)) from e
-    atomic.write_bytes(out_path, model.getvalue())
+    options = dict(vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
+                   bos_id=BOS, pad_id=PAD, eos_id=EOS, unk_id=UNK, user_defined_symbols=["<mask>"],
+                   num_threads=threads, max_sentence_length=MAX_SENTENCE_BYTES, train_extremely_large_corpus=large,
+                   minloglevel=2)
+    model = _train_stoppably(sample_path, _sample_key(corpus, max_sentences, sample_bytes, seed), options, stop)
+    if model is None:
+        return None
+    if isinstance(model, str):
+        raise _training_error(corpus, vocab_size, model)
+    atomic.write_bytes(out_path, model)
     sample_path.unlink(missing_ok=True)
     return Tokenizer(out_path)
+
+
+def _train(sample_path: Path, key: dict, options: dict, conn: Any) -> None:
+    """The child process: train on the saved sample, send back the model's bytes (or SentencePiece's error)."""
+    lines = _read_sample(sample_path, key)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines or []), model_writer=model, **options)
+    except RuntimeError as e:
+        conn.send(str(e))
+        return
+    conn.send(model.getvalue())
+
+
+def _train_stoppably(sample_path: Path, key: dict, options: dict,
+                     stop: Callable[[], str | None]) -> bytes | str | None:
+    """SentencePiece's training in a child process, so that a stop signal (SLURM's USR1 before the time limit,
+    SIGTERM) or Ctrl-C ends it at once: SentencePiece's C++ trainer holds the interpreter until it returns, which
+    on CC-100 English takes hours. Returns the model's bytes, SentencePiece's error message, or None when ``stop()``
+    asked (the sample stays saved: the next run trains on it)."""
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads (torch, tokenizers)
+    mine, theirs = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_train, args=(sample_path, key, options, theirs), daemon=True)
+    child.start()
+    theirs.close()
+    try:
+        while not mine.poll(0.25):
+            if stop():
+                child.terminate()
+                child.join()
+                return None
+            if not child.is_alive() and not mine.poll(0):
+                raise TokenizerError(f"SentencePiece's training process ended without a model (exit code "
+                                     f"{child.exitcode}: out of memory?); the sample {sample_path} is kept: rerun "
+                                     f"`minimodel prepare` to train on it again")
+        result = mine.recv()
+    except BaseException:  # Ctrl-C: the trainer stops with the command
+        child.terminate()
+        child.join()
+        raise
+    child.join()
+    return result
