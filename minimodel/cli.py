@@ -224,8 +224,7 @@ def cmd_flops(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
 
 
 def cmd_plan(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
-    from minimodel.launcher import launcher_path, load_launcher, memory_plan
-    from minimodel.memory import misfits, plan_table
+    from minimodel.launcher import launcher_path, load_launcher, memory_plan, misfits, plan_table
 
     lc = load_launcher(launcher_path(args.launcher, args.config))
     plans = memory_plan(args.config, args.overrides, lc)

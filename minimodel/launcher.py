@@ -1,4 +1,5 @@
-"""Launcher files: the cluster resources of `minimodel submit`'s jobs, and the memory plan on their GPUs.
+"""Launcher files: the cluster resources of `minimodel submit`'s jobs, and the memory plan on their GPUs (the
+estimates of ``minimodel.memory`` per stage, what fits the card, and what the jobs would refuse).
 
 Cluster resources live in launcher files, apart from the hyperparameters: ``conf/launcher/{name}.yaml``
 (``local``, ``v100``, ``a100``, ``h100``; or any YAML given by path) sets the partition, account, QoS,
@@ -13,9 +14,19 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from minimodel.config.load import find_conf_dir, load_structured
+from minimodel.config.schema import ExperimentConfig
 from minimodel.errors import ConfigError
 from minimodel.experiment import load_experiment
-from minimodel.memory import PlanRow, misfits, plan_rows
+from minimodel.memory import (
+    CONTEXT_GIB,
+    FRAGMENTATION,
+    GiB,
+    MemoryEstimate,
+    StageModel,
+    estimate,
+    micro_batches,
+    stage_models,
+)
 from minimodel.pipeline import variants
 
 TRAINING_STAGES = ("pretrain", "bridge", "adapt")  # may span several GPUs / nodes (srun + DDP)
@@ -165,3 +176,113 @@ def batch_problems(config: str, overrides: list[str], lc: LauncherConfig) -> lis
     plans = memory_plan(config, overrides, lc)
     return [f"{label + ': ' if len(plans) > 1 else ''}{r.model.stage}: {r.batch_problem} (launcher {lc.source})"
             for label, rows in plans for r in rows if r.batch_problem]
+
+
+# ------------------------------------------------------------------------------------------ the plan
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One stage of the plan: the estimate at its configured micro-batch and what fits on the card."""
+
+    model: StageModel
+    estimate: MemoryEstimate | None  # None: a stage of another system's (shared)
+    capacity_gib: float  # the card's memory; 0: unknown
+    largest: MemoryEstimate | None  # at the largest allowed micro-batch that fits (None: none does, or unknown)
+    choices: tuple[int, ...]  # the micro-batches the stage may use on its GPUs
+
+    @property
+    def batch_problem(self) -> str:
+        """What the job itself would refuse at its start (``training.optim.accumulation``): a configured micro-batch
+        that, times the GPUs, does not divide the global batch; "" when none."""
+        if self.estimate is None or self.estimate.micro_batch in self.choices:
+            return ""
+        e, g = self.estimate, self.model.global_batch
+        return (f"{self.key}={e.micro_batch} x {e.gpus} GPU(s) does not divide the global batch {g}: the job would "
+                f"stop at its start" + (f" (micro-batches that do: {', '.join(map(str, self.choices[:12]))}"
+                                        f"{', ...' if len(self.choices) > 12 else ''})" if self.choices else
+                                        f" (and no micro-batch can: {e.gpus} GPUs do not divide {g})"))
+
+    @property
+    def fits(self) -> bool | None:
+        if self.estimate is None:
+            return None
+        if self.batch_problem:
+            return False
+        if not self.capacity_gib:
+            return None
+        return self.estimate.needed <= self.capacity_gib * GiB
+
+    @property
+    def key(self) -> str:
+        return "finetune.micro_batch" if self.model.stage == "finetune" else f"{self.model.stage}.optim.micro_batch"
+
+
+def plan_rows(cfg: ExperimentConfig, gpus: dict[str, int], capacity_gib: float) -> list[PlanRow]:
+    """The plan of every training stage; ``gpus``: the GPUs (processes) of each stage (default 1)."""
+    out = []
+    for sm in stage_models(cfg):
+        if not sm.micro_batch:
+            out.append(PlanRow(sm, None, capacity_gib, None, ()))
+            continue
+        n = max(1, gpus.get(sm.stage, 1))
+        choices = tuple(micro_batches(sm.global_batch, n))
+        fitting = [e for e in (estimate(cfg, sm, mb, n) for mb in choices) if e.needed <= capacity_gib * GiB]
+        out.append(PlanRow(sm, estimate(cfg, sm, gpus=n), capacity_gib,
+                           fitting[-1] if fitting and capacity_gib else None, choices))
+    return out
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.2f}"
+
+
+def plan_table(rows: list[PlanRow]) -> str:
+    """The plan as a Markdown table, the allowance stated under it."""
+    lines = ["| stage | model | GPUs | micro-batch | seq | precision | weights | grads | AdamW | activations | "
+             "logits + backward | total | needed | card | fits | largest micro-batch that fits |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for r in rows:
+        e, sm = r.estimate, r.model
+        if e is None:
+            lines.append(f"| {sm.stage} | {sm.note} |" + " |" * 14)
+            continue
+        card = f"{r.capacity_gib:g}" if r.capacity_gib else "?"
+        fits = "**no** (batch)" if r.batch_problem else {None: "?", True: "yes", False: "**no**"}[r.fits]
+        if not r.choices:
+            largest = f"none: {e.gpus} GPUs do not divide the batch ({sm.global_batch})"
+        elif not r.capacity_gib:
+            largest = "?"
+        else:
+            largest = f"{r.largest.micro_batch} ({gib(r.largest.needed)})" if r.largest else "none"
+        lines.append(
+            f"| {sm.stage} | {sm.note} | {e.gpus} | {e.micro_batch} | {e.seq_len} | {e.precision} | {gib(e.weights)} | "
+            f"{gib(e.gradients + e.ddp_buckets)} | {gib(e.optimizer)} | {gib(e.activations + e.weight_copies)} | "
+            f"{gib(e.logits + e.backward)} | {gib(e.total)} | {gib(e.needed)} | {card} | {fits} | {largest} |")
+    note = (f"GiB per GPU, eager (torch.compile needs less). total: the tensors at the peak of an update (grads "
+            f"include DDP's buckets on several GPUs, activations mixed precision's weight copies); needed: total "
+            f"+ {FRAGMENTATION:.0%} (allocator) + {CONTEXT_GIB:g} GiB (CUDA context, cuBLAS, NCCL). Finetuning at the "
+            f"longest max_len of its tasks.")
+    return "\n".join(lines) + "\n\n" + note
+
+
+def misfits(rows: list[PlanRow]) -> list[str]:
+    """One sentence per stage that would not fit its card, naming the micro-batch that would."""
+    out = []
+    for r in rows:
+        if r.fits is not False or r.estimate is None:
+            continue
+        if r.batch_problem:
+            out.append(f"{r.model.stage}: {r.batch_problem}")
+            continue
+        e = r.estimate
+        if r.largest:
+            fix = f"{r.key}={r.largest.micro_batch} would ({gib(r.largest.needed)} GiB)"
+        elif not r.choices:
+            fix = f"no micro-batch works: {e.gpus} GPUs do not divide the global batch {r.model.global_batch}"
+        else:
+            fix = (f"no micro-batch dividing {r.model.global_batch // e.gpus} (the global batch per GPU) fits: use "
+                   f"more GPUs or a card with more memory")
+        out.append(f"{r.model.stage} needs about {gib(e.needed)} GiB per GPU at {r.key}={e.micro_batch}, more than "
+                   f"the card's {r.capacity_gib:g} GiB: {fix}")
+    return out

@@ -364,8 +364,9 @@ def test_results_rows_of_the_wrong_shape_are_skipped_with_one_warning(tmp_path, 
     assert table.rows() == [english, ROW]
     err = err_of(capsys)
     assert err.count("[minimodel]") == 1
-    assert (f"[minimodel] {path}: skipped 8 line(s) that are not result rows (not JSON, or not an object with system, "
-            f"body, task, lang, split, metric, seed, step, flops, v100_days, value) and a last line cut short") in err
+    assert (f"[minimodel] {path}: skipped 8 line(s) that are not result rows (not JSON, not an object with system, "
+            f"body, task, lang, split, metric, seed, step, flops, v100_days, value, or a non-finite number) and a last "
+            f"line cut short") in err
     assert table.keys() == {("bl_base", "primary", "xnli", "en", 1, -1), ("bl_base", "primary", "xnli", "de", 1, 10)}
     res = load_results(tmp_path / "runs", "exp")  # what the report reads
     assert res.english == {("bl_base", "primary", "xnli"): 50.0}

@@ -440,12 +440,14 @@ def test_a_finished_step_built_on_an_earlier_run_is_not_left_out(fake_slurm: Pat
 
 
 def write_prepared(cfg, lang: str) -> None:
-    """``{prepared_dir}/{lang}/done.json`` as a finished prepare step writes it: the settings it prepared with."""
+    """``{prepared_dir}/{lang}/done.json`` as a finished prepare step writes it (the settings it prepared with),
+    beside a complete manifest (of no shards: what prepare's skip check reads)."""
     from minimodel.data.prepare import prepare_settings, prepared_paths
 
-    done = prepared_paths(cfg, lang).done
-    done.parent.mkdir(parents=True, exist_ok=True)
-    done.write_text(json.dumps({"settings": prepare_settings(cfg, lang)}))
+    paths = prepared_paths(cfg, lang)
+    paths.shards.mkdir(parents=True, exist_ok=True)
+    (paths.shards / "manifest.json").write_text(json.dumps({"complete": True, "shards": []}))
+    paths.done.write_text(json.dumps({"settings": prepare_settings(cfg, lang)}))
 
 
 def dependency_of(sbatch: list[dict], step: str) -> list[str]:

@@ -8,14 +8,13 @@ from __future__ import annotations
 import pytest
 
 from minimodel.experiment import load_experiment
+from minimodel.launcher import misfits, plan_rows
 from minimodel.memory import (
     CONTEXT_GIB,
     FRAGMENTATION,
     GiB,
     estimate,
     micro_batches,
-    misfits,
-    plan_rows,
     stage_models,
 )
 from tests.conftest import ROOT

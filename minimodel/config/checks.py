@@ -65,6 +65,10 @@ class _Sizes:
         if value < low or (high is not None and value > high):
             self.fail(f"{key} must be {what}, got {value}")
 
+    def batch(self, key: str, value: int) -> None:
+        if value > MAX_BATCH:
+            self.fail(f"{key} must be at most {MAX_BATCH:,} sequences (2^24), got {value:,}")
+
     def count(self, key: str, value: int, what: str = "0 or a positive integer") -> None:
         self.integer(key, value, 0, what=what)
 
@@ -87,9 +91,10 @@ class _Sizes:
             self.fail(f"{prefix}.betas must be two numbers in [0, 1) (Adam's beta1, beta2), got {list(o.betas)}")
 
     def optim(self, prefix: str, o: OptimConfig) -> None:
-        self.integer(f"{prefix}.updates", o.updates)
+        for name in ("updates", "global_batch", "micro_batch"):
+            self.integer(f"{prefix}.{name}", getattr(o, name))
         for name in ("global_batch", "micro_batch"):
-            self.integer(f"{prefix}.{name}", getattr(o, name), high=MAX_BATCH, what=BATCH_RULE)
+            self.batch(f"{prefix}.{name}", getattr(o, name))
         self.count(f"{prefix}.warmup_updates", o.warmup_updates)
         self.number(f"{prefix}.lr", o.lr)
         self.adam(prefix, o)
@@ -113,12 +118,10 @@ class _Sizes:
 
 
 MAX_BATCH = 2**24
-BATCH_RULE = f"a positive integer of sequences, at most {MAX_BATCH:,} (2^24)"
 
-PATH_COMPONENT_MAX = 100  # file names are at most 255 bytes; locks, checkpoints and wandb run names add to it
-_PATH_COMPONENT = re.compile(rf"[A-Za-z0-9._-]{{1,{PATH_COMPONENT_MAX}}}")
-PATH_COMPONENT_RULE = (f"use ASCII letters, digits, '.', '_' and '-', at most {PATH_COMPONENT_MAX} characters (not "
-                       f"empty, not '.' or '..')")
+PATH_COMPONENT_MAX = 128  # file names are at most 255 bytes; temporary files and locks add to them
+_PATH_COMPONENT = re.compile(r"[A-Za-z0-9._-]+")
+PATH_COMPONENT_RULE = "use ASCII letters, digits, '.', '_' and '-' (not empty, not '.' or '..')"
 """What a config value that names a directory or file under ``runs_dir`` / ``data.prepared_dir`` may hold."""
 
 
@@ -135,6 +138,9 @@ def _validate_path_components(cfg: ExperimentConfig, fail: Any) -> None:
         if not is_path_component(value):
             what = f"{key}: the task name {value!r}" if key == "tasks" else f"{key}={value!r}"
             fail(f"{what}: it names {names}; {PATH_COMPONENT_RULE}")
+        if len(value) > PATH_COMPONENT_MAX:
+            fail(f"{key}={value[:24]!r}... ({len(value)} characters): it names {names}; at most "
+                 f"{PATH_COMPONENT_MAX} characters (a file name is at most 255 bytes, and files beside it add to it)")
 
     check("name", cfg.name, "the experiment's directory ({runs_dir}/{name})")
     check("tag", cfg.tag, "the system's run directory ({runs_dir}/{name}/{system}-{tag})", optional=True)
@@ -243,7 +249,8 @@ def _validate_sizes(cfg: ExperimentConfig, fail: Any) -> None:
     check.number("finetune.epochs", f.epochs)
     check.fraction("finetune.warmup_ratio", f.warmup_ratio)
     for name in ("batch_size", "micro_batch", "eval_batch"):
-        check.integer(f"finetune.{name}", getattr(f, name), high=MAX_BATCH, what=BATCH_RULE)
+        check.integer(f"finetune.{name}", getattr(f, name))
+        check.batch(f"finetune.{name}", getattr(f, name))
     check.adam("finetune", f)
     for seed in f.seeds:
         check.seed("finetune.seeds", seed, f"a list of seeds in 0..{MAX_SEED}")
