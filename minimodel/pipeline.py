@@ -48,9 +48,10 @@ class Variant:
 
 def variants(config: str | Path, overrides: list[str]) -> list[Variant]:
     """The system runs of ``config``: one, or one per ``sweep:`` entry. The command line wins over a sweep for the keys
-    it sets: an entry that sets such a key to another value is left out, one that sets it to the same value or not at
-    all is kept (``minimodel run demo.yaml system=bl_base`` runs the demo's BL_BASE entry alone); where no entry is
-    left, the command line alone is the one run."""
+    it sets. For the keys that name a run (``SELECTORS``: system, tag) an entry that sets another value is left out,
+    one that sets the same value or none is kept (``minimodel run demo.yaml system=bl_base`` runs the demo's BL_BASE
+    entry alone; where no entry is left, the command line alone is the one run); any other key the command line
+    sets overrides the entries' (``data.prepared_dir=X``: every variant prepares there)."""
     try:
         base: ExperimentConfig | None = load_experiment(config, overrides)
         sweep = base.sweep  # type: ignore[union-attr]
@@ -68,14 +69,14 @@ def variants(config: str | Path, overrides: list[str]) -> list[Variant]:
             words = shlex.split(entry)  # key=value words; quote a value holding spaces: k='[{a: 1}, {a: 2}]'
         except ValueError as e:
             raise ConfigError(f"{config}: sweep entry {entry!r}: {e}") from e
-        if any(_key(w) in given and _value(w) != given[_key(w)] for w in words):
+        if any(_key(w) in SELECTORS and _key(w) in given and _value(w) != given[_key(w)] for w in words):
             left_out.append(entry)
             continue
-        extra = [*words, *overrides]
+        extra = [*words, *overrides]  # the command line last: it wins
         cfg = load_experiment(config, extra)
         out.append(Variant(runs(cfg).label, extra, cfg, entry))
     if left_out:
-        keys = sorted({_key(w) for e in left_out for w in shlex.split(e)} & set(given))
+        keys = sorted({_key(w) for e in left_out for w in shlex.split(e)} & set(given) & set(SELECTORS))
         log.info(f"{config}: the command line's {', '.join(f'{k}={given[k]}' for k in keys)} leaves out the sweep "
                  f"entries {', '.join(repr(e) for e in left_out)}" + ("" if out else ": the command line alone is the "
                                                                            "one run"))
@@ -87,6 +88,10 @@ def variants(config: str | Path, overrides: list[str]) -> list[Variant]:
         raise ConfigError(f"{config}: two sweep entries give the same system run ({', '.join(labels)}): "
                           "give each a tag= (or, for several heads of one MiniJoint model, an adapt.head=)")
     return out
+
+
+SELECTORS = ("system", "tag")
+"""The keys that name a system run: on the command line they pick the sweep entries that have them."""
 
 
 def _key(word: str) -> str:

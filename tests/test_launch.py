@@ -507,7 +507,7 @@ def test_variants_that_prepare_elsewhere_get_their_own_prepare_steps(tmp_path: P
     exp.write_text((ROOT / "experiments" / "minijoint.yaml").read_text()
                    + f'sweep: ["model.mini_heads=[2] tag=n2", "model.mini_heads=[6] tag=n6 data.prepared_dir={other}"]\n')
     monkeypatch.setenv("MINIMODEL_CONF", str(ROOT / "conf"))
-    steps = {s.name: s for s in plan(exp, [*OVERRIDES, f"data.prepared_dir={tmp_path / 'prepared'}"])}
+    steps = {s.name: s for s in plan(exp, OVERRIDES)}  # (a data.prepared_dir on the command line: every variant's)
     prepares = [n for n, s in steps.items() if s.stage == "prepare"]
     assert prepares == ["prepare-en", "minijoint-n6:prepare-en", "prepare-de", "prepare-tr", "minijoint-n6:prepare-de",
                         "minijoint-n6:prepare-tr"]  # source language first, then the targets

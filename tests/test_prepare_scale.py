@@ -195,13 +195,13 @@ def test_the_large_corpus_switch_is_taken_above_the_32_bit_limit(tmp_path, monke
     assert large_corpus_mode(2_100_000_000, 10**7)  # 10M lines of 210 characters: over the limit
     assert large_corpus_mode(int(0.98 * limit) + 1, 0) and not large_corpus_mode(int(0.97 * limit), 0)
     seen: list[bool] = []
-    real = spm_training.spm.SentencePieceTrainer.train
+    real = spm_training._train_stoppably  # SentencePiece trains in a child process: spy on what it is given
 
-    def spy(**kwargs):
-        seen.append(kwargs["train_extremely_large_corpus"])
-        return real(**kwargs)
+    def spy(sample, key, options, stop):
+        seen.append(options["train_extremely_large_corpus"])
+        return real(sample, key, options, stop)
 
-    monkeypatch.setattr(spm_training.spm.SentencePieceTrainer, "train", spy)
+    monkeypatch.setattr(spm_training, "_train_stoppably", spy)
     corpus = tmp_path / "xx.txt"
     corpus.write_text(real_text("en", 60_000), encoding="utf-8")
     logs.setup()

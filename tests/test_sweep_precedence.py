@@ -24,12 +24,16 @@ def test_a_system_on_the_command_line_selects_its_sweep_entry(caplog):
     assert [v.label for v in variants(DEMO, ["sweep=[system=minipost]"])] == ["minipost"]  # the other way, as before
 
 
-def test_a_key_the_entries_set_otherwise_leaves_the_command_line_alone(tmp_path):
+def test_other_keys_of_the_command_line_override_every_entry(tmp_path):
     exp = tmp_path / "depths.yaml"
     exp.write_text(f"extends: {DEMO}\nname: depths\nsystem: minipost\n"
                    "sweep:\n  - 'bridge.depth=1 tag=d1'\n  - 'bridge.depth=2 tag=d2'\n")
     assert [v.cfg.bridge.depth for v in variants(str(exp), [])] == [1, 2]
-    assert [(v.cfg.bridge.depth, v.label) for v in variants(str(exp), ["bridge.depth=2"])] == [(2, "minipost-d2")]
-    assert [(v.cfg.bridge.depth, v.label) for v in variants(str(exp), ["bridge.depth=3"])] == [(3, "minipost")]
+    # a key that does not name a run: the command line's value for every entry
+    assert [(v.cfg.bridge.depth, v.label) for v in variants(str(exp), ["bridge.depth=3"])] == \
+        [(3, "minipost-d1"), (3, "minipost-d2")]
+    # a tag names a run: it picks the entry, and none left means the command line alone
+    assert [(v.cfg.bridge.depth, v.label) for v in variants(str(exp), ["tag=d2"])] == [(2, "minipost-d2")]
+    assert [v.label for v in variants(str(exp), ["tag=d9"])] == ["minipost-d9"]
     # a key no entry sets applies to every entry, as before
     assert [v.cfg.bridge.layers for v in variants(str(exp), ["bridge.layers=3"])] == [3, 3]

@@ -81,7 +81,8 @@ def test_task_loads_through_the_task_loader_with_the_label_set():
     assert sizes == {"train": 7033, "dev": 1000, "test.en": 1000, "dev.fr": 500, "test.fr": 1500, "dev.es": 500,
                      "test.es": 1500}
     assert {r["label"] for r in data.records("train")} == set(range(len(labels)))
-    assert majority_baseline(data, ["fr", "es"]) == {  # SOURCES.md's figures, as evaluation computes them
+    main = {lang: {m: v[m] for m in ("accuracy", "macro_f1")} for lang, v in majority_baseline(data, ["fr", "es"]).items()}
+    assert main == {  # SOURCES.md's figures, as evaluation computes them
         lang: pytest.approx({"accuracy": acc, "macro_f1": f1}, abs=0.05)
         for lang, (acc, f1) in sources_baselines("test").items()}
 
