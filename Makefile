@@ -1,7 +1,7 @@
 # minimodel: `make demo` runs all four systems on the bundled demo data, `make test` runs the tests.
 # Both create .venv and install what they need (a pinned torch first, then the package).
 #
-# Experiments: make study (the evidence), make study-beyond (+ the extensions' rows); then make results (docs/results.md); make study-decoder, then make results-decoder (docs/decoder/results.md); make study-real, then make results-real (SmolLM2-135M: docs/real/results.md); make study-real-fr, then make results-real-fr (docs/real/results_fr.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
+# Experiments: make study (the evidence), make study-beyond (+ the extensions' rows); then make results (docs/results.md); make study-decoder, then make results-decoder (docs/decoder/results.md); make study-real, then make results-real (SmolLM2-135M: docs/real/results.md); make study-real-fr, then make results-real-fr (docs/real/fr/results.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
 # Each runs every step in order (prepare, pretrain, bridge, adapt per language, finetune per task and
 # seed, evaluate, report), skips finished steps and resumes unfinished ones. Overrides:
 #   make minijoint LANGS=de,tr TASKS=xnli SEEDS=2 ARGS="pretrain.optim.micro_batch=16"
@@ -131,7 +131,7 @@ results-real-fr: setup
 	for f in runs/study_real_fr/*/results.jsonl; do d=docs/results/study_real_fr/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
 	cp runs/study_real_fr/unadapted.jsonl docs/results/study_real_fr/
 	cp runs/study_real_fr/minipost/bridge/metrics.csv docs/results/study_real_fr/minipost/bridge_metrics.csv
-	$(MM) report experiments/study_real_fr.yaml runs_dir=docs/results --out docs/real/results_fr.md
+	$(MM) report experiments/study_real_fr.yaml runs_dir=docs/results --out docs/real/fr/results.md
 
 results-real: setup
 	rm -rf docs/results/study_real && mkdir -p docs/results/study_real

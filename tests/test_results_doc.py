@@ -1,4 +1,4 @@
-"""docs/results.md, docs/decoder/results.md and docs/real/results.md are exactly what `minimodel report` makes of the committed study
+"""docs/results.md, docs/decoder/results.md, docs/real/results.md and docs/real/fr/results.md are exactly what `minimodel report` makes of the committed study
 results (docs/results/)."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from tests.conftest import ROOT
 RESULTS = ROOT / "docs" / "results"
 DOCS = [("study", "study_beyond.yaml", "results.md", "lohelp"),
         ("study_decoder", "study_decoder.yaml", "decoder/results.md", "lohelp"),
-        ("study_real", "study_real.yaml", "real/results.md", "wiki_topics")]
+        ("study_real", "study_real.yaml", "real/results.md", "wiki_topics"),
+        ("study_real_fr", "study_real_fr.yaml", "real/fr/results.md", "wiki_topics")]
 
 
 @pytest.mark.parametrize("study,experiment,doc,task", DOCS)
