@@ -321,12 +321,13 @@ def _cpu(command: str, cfg: ExperimentConfig) -> None:
 
     from minimodel import threads
 
+    busy = threads.measured_busy(threads.usable_cpus())  # the load, read once for both decisions
     if command in (*THREADED, "run") and "torch" not in sys.modules:
-        policy = threads.wait_policy(os.environ, threads.usable_cpus(), threads.busy_cpus)
+        policy = threads.wait_policy(os.environ, threads.usable_cpus(), busy)
         if policy:
             os.environ["OMP_WAIT_POLICY"] = policy
     if command in THREADED:
-        threads.apply(cfg.cpu.threads, cfg.cpu.side_by_side, command)
+        threads.apply(cfg.cpu.threads, cfg.cpu.side_by_side, command, busy)
 
 
 def _interrupted(command: str) -> int:

@@ -227,7 +227,8 @@ def check_weights(weights: str, build: Any, hf_config: Any, source: str) -> None
 
     try:
         with safe_open(weights, framework="pt") as f:
-            found = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
+            slices = {k: f.get_slice(k) for k in f.keys()}
+            found = {k: (tuple(v.get_shape()), v.get_dtype()) for k, v in slices.items()}
     except Exception as e:  # safetensors' own error types, or an OSError
         raise CheckpointError(f"{weights}: not a readable safetensors file ({str(e).splitlines()[0] if str(e) else type(e).__name__}): "
                               f"the download or copy is damaged; fetch or save the model again") from None

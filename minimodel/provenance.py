@@ -28,6 +28,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from minimodel import atomic
 from minimodel.errors import UserError
 from minimodel.layout import CONFIG, INPUTS, _write_json, read_done
 
@@ -40,12 +41,8 @@ def data_identity(split_file: str, settings: Mapping[str, Any], tokenizer_sha256
     """What a zero-shot score was computed on: the evaluation file's bytes (sha256; "" for hub data, whose version
     the datasets cache decides), the settings that featurise it (``max_len``, text and label fields, stride), and the
     target tokenizer. A row whose data identity differs from the current one is evaluated again."""
-    h = hashlib.sha256()
-    if split_file and Path(split_file).is_file():
-        with open(split_file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    payload = {"file": h.hexdigest() if split_file else "", "settings": dict(settings), "tokenizer": tokenizer_sha256}
+    file = atomic.file_sha256(split_file) if split_file and Path(split_file).is_file() else ""
+    payload = {"file": file, "settings": dict(settings), "tokenizer": tokenizer_sha256}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

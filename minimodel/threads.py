@@ -20,6 +20,7 @@ start and the environment does not say (``wait_policy``); it is logged with the 
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -97,16 +98,22 @@ def wait_policy(env: Mapping[str, str], cpus: int, busy: Callable[[], int]) -> s
     return "PASSIVE" if 2 * busy() >= cpus else ""
 
 
-def apply(configured: int, side_by_side: int, stage: str) -> ThreadChoice:
-    """Choose (``choose_threads`` on this machine), set ``torch.set_num_threads`` and log the choice once for
-    ``stage``."""
+def measured_busy(cpus: int) -> Callable[[], int]:
+    """``busy_cpus`` for this machine, measured at most once: the machine's load says something about this process's
+    ``cpus`` only where it may use all of them (a job pinned to its share, SLURM's --cpus-per-task, has them to
+    itself: 0)."""
+    if cpus < (os.cpu_count() or 1):
+        return lambda: 0
+    return functools.cache(busy_cpus)
+
+
+def apply(configured: int, side_by_side: int, stage: str, busy: Callable[[], int] | None = None) -> ThreadChoice:
+    """Choose (``choose_threads`` on this machine; ``busy``: a ``measured_busy`` already made), set
+    ``torch.set_num_threads`` and log the choice once for ``stage``."""
     import torch
 
     cpus = usable_cpus()
-    # the machine's load says something about this process's CPUs only where it may use all of them (a job pinned to
-    # its share, SLURM's --cpus-per-task, has them to itself)
-    busy = busy_cpus if cpus >= (os.cpu_count() or 1) else (lambda: 0)
-    choice = choose_threads(configured, side_by_side, os.environ, cpus, busy)
+    choice = choose_threads(configured, side_by_side, os.environ, cpus, busy or measured_busy(cpus))
     if torch.get_num_threads() != choice.threads:
         torch.set_num_threads(choice.threads)
     policy = os.environ.get("OMP_WAIT_POLICY", "") or "default (spin, then sleep)"

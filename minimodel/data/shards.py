@@ -13,7 +13,6 @@ from there.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
 from dataclasses import dataclass
@@ -62,11 +61,7 @@ def read_manifest(out_dir: Path) -> dict | None:
 
 def file_digest(path: Path) -> dict:
     """What a manifest entry records of a shard file to check it later: its size and sha256."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 18), b""):  # small blocks: encoding's memory bound holds
-            h.update(block)
-    return {"bytes": path.stat().st_size, "sha256": h.hexdigest()}
+    return {"bytes": path.stat().st_size, "sha256": atomic.file_sha256(path)}
 
 
 _VERIFIED: set[tuple[str, int, int]] = set()  # (path, size, mtime) of the shards this process has hashed
@@ -83,7 +78,7 @@ def shard_damage(out_dir: Path, entry: dict) -> str:
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if key in _VERIFIED:
         return ""
-    if file_digest(path)["sha256"] != entry["sha256"]:
+    if atomic.file_sha256(path) != entry["sha256"]:
         return f"its sha256 differs from the one {Path(out_dir) / MANIFEST} recorded (the bytes changed since it was written)"
     _VERIFIED.add(key)
     return ""

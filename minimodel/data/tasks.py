@@ -4,11 +4,11 @@ user-defined local one (``data.task_files.LocalClassificationTask``), with its s
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from minimodel import atomic
 from minimodel.config.schema import TaskConfig
 from minimodel.data.hub_tasks import get_task, load_task_split
 from minimodel.data.task_features import encode_classification, encode_qa, feature_rows
@@ -51,13 +51,7 @@ class TaskData:
     def train_sha256(self) -> str:
         """sha256 of ``train_file()`` ("" for hub data): what a finetuned model records to detect a changed file."""
         path = self.train_file()
-        if path is None:
-            return ""
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
+        return "" if path is None else atomic.file_sha256(path)
 
     @property
     def is_qa(self) -> bool:

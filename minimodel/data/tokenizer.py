@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import sentencepiece as spm
 
+from minimodel import atomic
 from minimodel.errors import UserError
 from minimodel.gguf import hf_source
 
@@ -52,14 +53,6 @@ SENTENCEPIECE_SPECIALS = SpecialTokens()
 
 class TokenizerError(UserError, ValueError):
     """A tokenizer that cannot be used here, with a message naming the file."""
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class AnyTokenizer(Protocol):
@@ -95,7 +88,7 @@ class Tokenizer:
             got = self.sp.piece_to_id(piece)
             if got != expected:
                 raise TokenizerError(f"{self.path}: special token {piece} has id {got}, expected {expected}")
-        self.sha256 = file_sha256(self.path)
+        self.sha256 = atomic.file_sha256(self.path)
 
     @property
     def vocab_size(self) -> int:

@@ -38,6 +38,7 @@ class Results:
     english_stats: dict[tuple[str, str, str], Stat] = field(default_factory=dict)  # ... over seeds
     english_by_seed: dict[tuple[str, str, str], dict[Seeds, float]] = field(default_factory=dict)  # ... -> seeds -> score
     metrics: dict[str, str] = field(default_factory=dict)  # task -> main metric
+    source_langs: dict[str, str] = field(default_factory=dict)  # task -> the language of its English scores
     seeds: set[Seeds] = field(default_factory=set)
     n_rows: int = 0
     baselines: dict[tuple[str, str], float] = field(default_factory=dict)  # (task, lang) -> majority-class score
@@ -225,6 +226,7 @@ def _read(rows: list[dict], main_metrics: Mapping[str, str] | None, split: str) 
     for (system, body, task, lang, seed, step), r in latest.items():
         if step < 0:
             english[(system, body, task)][seed] = float(r["value"])
+            res.source_langs[task] = lang
         elif body == "primary":
             adapted[(system, task, lang)][step].append((seed, r))
     for key, by_step in adapted.items():

@@ -248,12 +248,10 @@ def table_english(res: Results) -> str | None:
 
 
 def english_baseline(res: Results, task: str) -> float | None:
-    """The majority-class baseline of the task's source-language test set: its baseline in ``en``, else in the one
-    language that is not among the task's target languages, where known."""
-    if (task, "en") in res.baselines:
-        return res.baselines[(task, "en")]
-    source = [b for (t, lang), b in res.baselines.items() if t == task and lang not in res.langs(task)]
-    return source[0] if len(source) == 1 else None
+    """The majority-class baseline of the task's source-language test set (the language of its English rows),
+    where known."""
+    source = res.source_langs.get(task)
+    return None if source is None else res.baselines.get((task, source))
 
 
 def _english_marks(res: Results, key: tuple[str, str, str], base: float | None) -> str:

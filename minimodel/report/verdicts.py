@@ -11,10 +11,6 @@ from minimodel.report.reading import REFERENCE, Results
 from minimodel.report.tables import system_speedup
 
 
-def _langs(langs: tuple[str, ...] | list[str]) -> str:
-    return ", ".join(langs) if langs else "none"
-
-
 def system_verdict(res: Results, system: str, task: str) -> str:
     """``system``'s answer on ``task``: where it reached BL_BASE's target with less compute (a per-language speedup
     above 1), where with more, where never, and whether that rests on at least half of the languages that count."""
@@ -23,21 +19,20 @@ def system_verdict(res: Results, system: str, task: str) -> str:
     counted = [lang for lang in langs if lang not in sp.no_target]
     if not counted:
         return f"{system}: no answer (every target is {NO_TARGET}: at or below the baseline)"
-    days = {lang: (res.days_to_target(REFERENCE, task, lang), res.days_to_target(system, task, lang))
-            for lang in sp.used}
-    faster = [lang for lang, (b, s) in days.items() if b is not None and s is not None and s < b]
+    faster = [lang for lang in sp.used  # both reach the target there after some adaptation: days are numbers
+              if res.days_to_target(system, task, lang) < res.days_to_target(REFERENCE, task, lang)]  # type: ignore[operator]
     slower = [lang for lang in sp.used if lang not in faster]
     never = [lang for lang in sp.excluded if res.days_to_target(system, task, lang) == float("inf")]
     parts = []
     if faster:
-        parts.append(f"reached BL_BASE's target with less step-2 compute in {_langs(faster)} ({len(faster)} of "
+        parts.append(f"reached BL_BASE's target with less step-2 compute in {', '.join(faster)} ({len(faster)} of "
                      f"{len(counted)} languages that count)")
     if slower:
-        parts.append(f"with as much or more in {_langs(slower)}")
+        parts.append(f"with as much or more in {', '.join(slower)}")
     if never:
-        parts.append(f"never reached it in {_langs(never)}")
+        parts.append(f"never reached it in {', '.join(never)}")
     if sp.undefined:
-        parts.append(f"reached it before any update in {_langs(list(sp.undefined))} (no speedup)")
+        parts.append(f"reached it before any update in {', '.join(sp.undefined)} (no speedup)")
     if not parts:
         return f"{system}: no answer (no language where both it and {REFERENCE} reach the target)"
     # yes: with less compute in at least half of the languages that count; exploratory: in fewer; no: in none

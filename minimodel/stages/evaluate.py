@@ -225,6 +225,7 @@ def data_ids(cfg: ExperimentConfig, tasks: list[str], langs: set[str]) -> dict[t
     """(task, lang) -> the identity of the data its zero-shot rows are computed on (``provenance.data_identity``:
     the evaluation file, its featurisation settings, the target tokenizer)."""
     out = {}
+    tokenizers = {lang: load_prepared_tokenizer(cfg, lang).sha256 for lang in langs}
     for task in tasks:
         data, t = TaskData(task, cfg.tasks[task]), cfg.tasks[task]
         settings = {"max_len": t.max_len, "text_fields": list(t.text_fields), "label_field": t.label_field,
@@ -232,9 +233,9 @@ def data_ids(cfg: ExperimentConfig, tasks: list[str], langs: set[str]) -> dict[t
         for lang in langs:
             try:
                 where = data.split_file(cfg.evaluate.split, lang)
-            except Exception:  # no such file: the evaluation says so where it reads it
+            except TaskDataError:  # no such file: the evaluation says so where it reads it
                 continue
-            out[(task, lang)] = data_identity(where, settings, load_prepared_tokenizer(cfg, lang).sha256)
+            out[(task, lang)] = data_identity(where, settings, tokenizers[lang])
     return out
 
 
