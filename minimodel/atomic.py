@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from minimodel.errors import CheckpointError, WriteError
+from minimodel.errors import CheckpointError, UserError, WriteError
 
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 """The errors of a file system that refuses a write: a ``WriteError`` (exit 2), not a traceback."""
@@ -94,6 +94,19 @@ def disk_error(e: BaseException, path: Path | None = None, needed: int = 0) -> W
         full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return WriteError(describe(full, path, needed), errno.ENOSPC)
     return None
+
+
+def name_error(e: BaseException) -> UserError | None:
+    """``e`` as a ``UserError`` when a path given in the configuration or on the command line is longer than the file
+    system takes (ENAMETOOLONG: a name over 255 bytes, a path over 4,096), wherever it was read or written; else
+    None."""
+    if not (isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG):
+        return None
+    path = str(e.filename or "")
+    longest = max((len(part.encode()) for part in Path(path).parts), default=0)
+    return UserError(f"{path[:60]}... ({len(path)} characters, its longest name {longest} bytes): too long for the file "
+                     f"system (a name holds at most 255 bytes, a path 4,096); check the setting or argument that names "
+                     f"it (bridge.source, data.corpus_dir, data.source_tokenizer, tasks.*.source, runs_dir, --out, ...)")
 
 
 _SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")

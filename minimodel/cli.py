@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error(f"{args.command}: error: {e}")
         return ERROR_EXIT
     except OSError as e:  # a write outside minimodel's own (atomic): a full or read-only disk is still exit 2
-        refused = atomic.disk_error(e)
+        refused = atomic.disk_error(e) or atomic.name_error(e)
         if refused is None:
             raise
         log.error(f"{args.command}: error: {refused}")

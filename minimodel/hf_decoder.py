@@ -265,6 +265,12 @@ def from_hf(path: str | Path) -> DecoderLM:
                                                                  dtype=torch.float32, **more, **options)
     except pickle.UnpicklingError as e:
         raise _not_plain_data(weights or f"the weights of {source} (pytorch_model.bin)", e) from e
+    except (RuntimeError, ValueError, KeyError) as e:
+        if not options:  # a directory's safetensors were checked before (check_weights): not a file problem
+            raise
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{source}: the GGUF file's tensors do not load as the model its metadata describes "
+                              f"({first}): a damaged or altered file; fetch it again") from None
     missing = sorted(set(info.get("missing_keys", ())) - ({"lm_head.weight"} if cfg.tie_embeddings else set()))
     if missing:
         raise CheckpointError(f"{source}: checkpoint lacks {missing} (need a complete *ForCausalLM checkpoint)")

@@ -374,3 +374,37 @@ def test_a_stop_during_sentencepiece_training_ends_it_at_once(tmp_path):
     assert _train_stoppably(sample, _sample_key(corpus, 1_000_000, 2**62, 1), options, asked) is None
     assert time.monotonic() - started < 5.0  # the training itself takes several times longer
     assert sample.is_file()  # kept: the next run trains on it
+
+
+@pytest.mark.parametrize("command,key", [("prepare", "data.corpus_dir"), ("prepare", "data.source_tokenizer"),
+                                         ("bridge", "bridge.source")])
+def test_a_path_too_long_for_the_file_system_is_a_clear_error(tmp_path, corpus_dir, capsys, command, key):
+    """The too-long-name case of every loader of an outside file (issue 43, part 4): whichever setting names the
+    path, the file system's ENAMETOOLONG is one line naming it, exit 2, not a traceback."""
+    from minimodel.cli import main
+    from tests.conftest import tiny_overrides
+
+    long = str(tmp_path / ("x" * 300))
+    args = [*tiny_overrides(tmp_path, corpus_dir), "system=minipost", "model.mini_heads=[]", "bridge.depth=1", f"{key}={long}",
+            "--no-progress"]
+    assert main([command, "experiments/tiny.yaml", *args]) == 2
+    err = capsys.readouterr().err
+    assert "too long for the file system (a name holds at most 255 bytes" in err and "Traceback" not in err, err
+
+
+def test_a_cut_gguf_file_is_a_clear_error(tmp_path):
+    """SmolLM2's real GGUF cut short inside its tensor data (header and metadata intact): a CheckpointError naming
+    the file. Skipped, saying why, where the file cannot be had (tests/test_smollm2.py fetches it)."""
+    from minimodel.errors import CheckpointError
+    from minimodel.stages.bridge import load_primary
+    from tests.conftest import ROOT
+
+    real = ROOT / ".cache" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not real.is_file():
+        pytest.skip(f"{real} is not here (bash scripts/get_smollm2.sh fetches it)")
+    pytest.importorskip("gguf")
+    cut = tmp_path / "cut.gguf"
+    with open(real, "rb") as f:
+        cut.write_bytes(f.read(30_000_000))
+    with pytest.raises(CheckpointError, match=r"cut\.gguf: "):
+        load_primary(str(cut), "decoder")
