@@ -32,6 +32,7 @@ from minimodel.cli import main  # noqa: E402
 from minimodel.data.tokenizer import HFTokenizer  # noqa: E402
 from minimodel.decoder import DecoderLM  # noqa: E402
 from minimodel.hf_decoder import from_hf  # noqa: E402
+from minimodel.stages.bridge import load_primary  # noqa: E402
 from tests.conftest import DEMO_CORPUS, ROOT, stage_overrides  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -300,3 +301,51 @@ def test_minipost_exports_its_finetuned_classifier(chain):
     saved = runs(cfg).layout.predictions(runs(cfg).label, "wiki_topics", "fr", 1, 4)
     predicted = [json.loads(line)["predicted"] for line in Path(saved).read_text().splitlines()]
     assert [model.labels[i] for i in theirs.argmax(-1).tolist()] == predicted
+
+
+def altered_gguf(source: Path, out: Path, case: str) -> Path:
+    """A copy of SmolLM2's GGUF altered as a damaged or edited file would be: ``missing`` drops one tensor, ``shape``
+    declares an FFN width the tensors do not have, ``integers`` stores a norm's weights as I32 (``gguf``'s writer,
+    the metadata copied as its own gguf_new_metadata script copies it)."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(out), arch=reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        kind = field.types[0]
+        value = field.contents()
+        if case == "shape" and field.name == "llama.feed_forward_length":
+            value += 8
+        writer.add_key_value(field.name, value, kind, sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY
+                             else None)
+    tensors = [t for t in reader.tensors if not (case == "missing" and t.name == "blk.3.ffn_down.weight")]
+    data = {t.name: np.zeros(t.data.shape, dtype=np.int32) if case == "integers" and t.name == "output_norm.weight"
+            else t.data for t in tensors}
+    for t in tensors:
+        kind = gguf.GGMLQuantizationType.I32 if data[t.name].dtype == np.int32 else t.tensor_type
+        writer.add_tensor_info(t.name, data[t.name].shape, data[t.name].dtype, data[t.name].nbytes, kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in tensors:
+        writer.write_tensor_data(data[t.name], tensor_endianess=reader.endianess)
+    writer.close()
+    return out
+
+
+@pytest.mark.parametrize("case,message", [
+    ("missing", r"checkpoint lacks \['model\.layers\.3\.mlp\.down_proj\.weight'\]"),
+    ("shape", r"the GGUF file's tensors do not load as the model its metadata describes"),
+    ("integers", r"the GGUF file's tensors do not load as the model its metadata describes \(Dequantization for I32"),
+])
+def test_an_altered_gguf_file_is_a_clear_error(smollm2, tmp_path, case, message):
+    """The GGUF loader's classes of bad input (issue 43): a missing tensor, a shape its metadata disagrees with,
+    integer weights; each a CheckpointError naming the file (transformers raised, or would have cast)."""
+    from minimodel.errors import CheckpointError
+
+    bad = altered_gguf(smollm2, tmp_path / f"{case}.gguf", case)
+    with pytest.raises(CheckpointError, match=rf"{case}\.gguf: .*{message}"):
+        load_primary(str(bad), "decoder")
