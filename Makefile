@@ -1,7 +1,7 @@
 # minimodel: `make demo` runs all four systems on the bundled demo data, `make test` runs the tests.
 # Both create .venv and install what they need (a pinned torch first, then the package).
 #
-# Experiments: make study (the evidence), make study-beyond (+ the extensions' rows); then make results (docs/results.md); make study-decoder, then make results-decoder (docs/decoder/results.md); make study-real, then make results-real (SmolLM2-135M: docs/real/results.md); make study-real-fr, then make results-real-fr (docs/real/fr/results.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
+# Experiments: make study (the evidence), make study-beyond (+ the extensions' rows); then make results (docs/results.md); make study-decoder, then make results-decoder (docs/decoder/results.md); make study-real, then make results-real (SmolLM2-135M: docs/real/results.md); make study-real-fr, then make results-real-fr (docs/real/fr/results.md); on a GPU make study-real-gpu, then make results-real-gpu (docs/real/gpu/results.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
 # Each runs every step in order (prepare, pretrain, bridge, adapt per language, finetune per task and
 # seed, evaluate, report), skips finished steps and resumes unfinished ones. Overrides:
 #   make minijoint LANGS=de,tr TASKS=xnli SEEDS=2 ARGS="pretrain.optim.micro_batch=16"
@@ -27,7 +27,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-demo test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus smollm2 study-real results-real study-real-fr results-real-fr
+.PHONY: help setup test test-demo test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus smollm2 study-real results-real study-real-fr results-real-fr study-real-gpu results-real-gpu
 
 help:
 	@sed -n '1,10p' Makefile
@@ -126,19 +126,31 @@ study-real-fr: smollm2 wiki-topics-corpus
 	$(MM) run experiments/study_real_fr.yaml $(OVERRIDES)
 	$(BIN)/python scripts/unadapted_reference.py experiments/study_real_fr.yaml
 
-results-real-fr: setup
-	rm -rf docs/results/study_real_fr && mkdir -p docs/results/study_real_fr
-	for f in runs/study_real_fr/*/results.jsonl; do d=docs/results/study_real_fr/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
-	cp runs/study_real_fr/unadapted.jsonl docs/results/study_real_fr/
-	cp runs/study_real_fr/minipost/bridge/metrics.csv docs/results/study_real_fr/minipost/bridge_metrics.csv
-	$(MM) report experiments/study_real_fr.yaml runs_dir=docs/results --out docs/real/fr/results.md
+# its GPU variant (issue 46, part 2; docs/real/study.md, "The GPU variant"): one run of a few minutes on one H100,
+# rehearsed on the CPU at a tiny size (tests/test_smollm2.py); not yet run on a card. Then make results-real-gpu
+study-real-gpu: smollm2 wiki-topics-corpus
+	$(MM) run experiments/study_real_gpu.yaml $(OVERRIDES)
+	$(BIN)/python scripts/unadapted_reference.py experiments/study_real_gpu.yaml
+
+# $(call real_results,NAME,REPORT): a real-model study's rows, unadapted reference and bridge curve from runs/NAME into
+# docs/results/NAME (committed), and its report from those copies
+define real_results
+	rm -rf docs/results/$(1) && mkdir -p docs/results/$(1)
+	for f in runs/$(1)/*/results.jsonl; do d=docs/results/$(1)/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
+	cp runs/$(1)/unadapted.jsonl docs/results/$(1)/
+	cp runs/$(1)/minipost/bridge/metrics.csv docs/results/$(1)/minipost/bridge_metrics.csv
+	$(MM) report experiments/$(1).yaml runs_dir=docs/results --out $(2)
+endef
 
 results-real: setup
-	rm -rf docs/results/study_real && mkdir -p docs/results/study_real
-	for f in runs/study_real/*/results.jsonl; do d=docs/results/study_real/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
-	cp runs/study_real/unadapted.jsonl docs/results/study_real/
-	cp runs/study_real/minipost/bridge/metrics.csv docs/results/study_real/minipost/bridge_metrics.csv
-	$(MM) report experiments/study_real.yaml runs_dir=docs/results --out docs/real/results.md
+	$(call real_results,study_real,docs/real/results.md)
+
+results-real-fr: setup
+	$(call real_results,study_real_fr,docs/real/fr/results.md)
+
+results-real-gpu: setup
+	mkdir -p docs/real/gpu
+	$(call real_results,study_real_gpu,docs/real/gpu/results.md)
 
 wiki-topics: setup
 	$(BIN)/python scripts/build_wiki_topics.py task --out data/wiki_topics --cache .cache/wheels

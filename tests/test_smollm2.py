@@ -15,6 +15,7 @@ import copy
 import importlib.util
 import json
 import lzma
+import math
 import os
 import shutil
 import subprocess
@@ -349,3 +350,43 @@ def test_an_altered_gguf_file_is_a_clear_error(smollm2, tmp_path, case, message)
     bad = altered_gguf(smollm2, tmp_path / f"{case}.gguf", case)
     with pytest.raises(CheckpointError, match=rf"{case}\.gguf: .*{message}"):
         load_primary(str(bad), "decoder")
+
+
+def test_the_gpu_variant_rehearses_on_the_cpu(chain, smollm2, tmp_path):
+    """experiments/study_real_gpu.yaml (issue 42, part 4) run as written but for the device and the sizes: bf16-mixed
+    training, data loader workers, early checkpoints (``ckpt_steps``), dev-set evaluation and ``evaluate.precision:
+    auto`` as on the H100; ``trainer.accelerator=cpu``, 2 bridge and 4 step-2 updates of 4 x 32 tokens, 16 finetuning
+    examples, one seed; the chain's prepared French and English (the same data settings) so nothing is encoded twice.
+    Both systems of the sweep adapt, finetune and evaluate at every checkpoint; the stages record bf16-mixed."""
+    import yaml
+
+    from minimodel.experiment import load_experiment
+    from minimodel.systems import runs
+
+    experiment = str(ROOT / "experiments" / "study_real_gpu.yaml")
+    args = [f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={chain.tmp / 'prepared'}",
+            f"data.corpus_dir={DEMO_CORPUS}", f"bridge.source={smollm2}", "target_langs=[fr]", "data.seq_len=32",
+            "data.vocab_size=1000", "data.val_blocks=8", "data.encode_threads=1",
+            *(f"{s}.trainer.accelerator=cpu" for s in ("bridge", "adapt", "finetune")),
+            *stage_overrides(["bridge", "adapt"], global_batch=4, micro_batch=4, warmup_updates=1, log_every=1),
+            *stage_overrides(["bridge"], updates=2, ckpt_every=2, val_every=2),
+            *stage_overrides(["adapt"], updates=4, ckpt_every=4, val_every=4, ckpt_steps=[1, 2]),
+            f"tasks.wiki_topics.source={chain.tmp / 'wiki_topics'}", "tasks.wiki_topics.max_train_examples=16",
+            "tasks.wiki_topics.max_len=32", "finetune.seeds=[1]", "finetune.batch_size=8", "finetune.micro_batch=8"]
+    gpu = load_experiment(experiment, [])
+    assert gpu.data.num_workers == 4 and gpu.evaluate.dev and gpu.evaluate.precision == "auto"
+    assert {gpu.bridge.trainer.precision, gpu.adapt.trainer.precision, gpu.finetune.trainer.precision} == {"bf16-mixed"}
+    assert main(["run", experiment, *args, "--no-progress"]) == 0
+    for system in ("bl_base", "minipost"):
+        cfg = load_experiment(experiment, [*args, f"system={system}", "lang=fr"])
+        r = runs(cfg)
+        rows = [json.loads(line) for line in r.results.read_text().splitlines()]
+        for split in ("test", "dev"):
+            for metric in ("accuracy", "perplexity"):
+                steps = sorted({row["step"] for row in rows if row["lang"] == "fr" and row["metric"] == metric
+                                and row["split"] == split})
+                assert steps == [0, 1, 2, 4], (system, split, metric)
+        assert all(math.isfinite(row["value"]) for row in rows)
+        saved = yaml.safe_load((r.adapt("fr") / "config.yaml").read_text())
+        assert saved["adapt"]["trainer"]["precision"] == "bf16-mixed" and saved["data"]["num_workers"] == 4
+    assert (tmp_path / "runs" / "study_real_gpu" / "minipost" / "bridge" / "done.json").is_file()
