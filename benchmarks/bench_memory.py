@@ -30,7 +30,7 @@ from typing import Any
 import common
 import torch
 
-from minimodel.model import RobertaMLM
+from minimodel.models.model import RobertaMLM
 
 MB = 2**20
 STAGES: dict[str, tuple[str, Callable[[common.Sizes], RobertaMLM]]] = {

@@ -41,9 +41,9 @@ from torch import nn
 
 from minimodel.config.schema import OptimConfig
 from minimodel.flops import LayerShape, adapt_flops
-from minimodel.hf_decoder import from_hf, our_state_dict_to_hf
-from minimodel.model import IGNORE_INDEX
-from minimodel.surgery import adaptation_trainable, build_minipost, freeze_all_but, swap_embeddings, tie_biases
+from minimodel.models.hf_decoder import from_hf, our_state_dict_to_hf
+from minimodel.models.model import IGNORE_INDEX
+from minimodel.models.surgery import adaptation_trainable, build_minipost, freeze_all_but, swap_embeddings, tie_biases
 from minimodel.training.optim import UpdateGuard, build_optimizer
 
 TARGET = 1.0  # minimodel tokens/s >= transformers' at the same precision

@@ -29,8 +29,8 @@ import torch  # noqa: E402
 
 from minimodel.config.schema import OptimConfig  # noqa: E402
 from minimodel.data.tokenizer import BOS, MASK  # noqa: E402
-from minimodel.model import IGNORE_INDEX, ModelConfig, RobertaMLM  # noqa: E402
-from minimodel.surgery import adaptation_trainable, build_minipost, extract_mini, freeze_all_but  # noqa: E402
+from minimodel.models.model import IGNORE_INDEX, ModelConfig, RobertaMLM  # noqa: E402
+from minimodel.models.surgery import adaptation_trainable, build_minipost, extract_mini, freeze_all_but  # noqa: E402
 from minimodel.training.device import compile_layers as device_compile_layers  # noqa: E402
 from minimodel.training.optim import UpdateGuard, build_optimizer  # noqa: E402
 

@@ -27,7 +27,7 @@ from minimodel.data.downstream import predict
 from minimodel.data.tasks import TaskData
 from minimodel.experiment import load_experiment
 from minimodel.flops import V100_FLOPS_PER_SECOND, layer_flops
-from minimodel.model import ClassificationHead, RobertaMLM
+from minimodel.models.model import ClassificationHead, RobertaMLM
 from minimodel.report.costs import cost_rows
 from minimodel.systems import adapt_depth
 

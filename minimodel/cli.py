@@ -17,11 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from minimodel import atomic, signals
 from minimodel import log as logs
+from minimodel import signals
 from minimodel.config.schema import ExperimentConfig, pooled_label
 from minimodel.errors import ERROR_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT, STOPPED_EXIT, UserError
 from minimodel.experiment import load_experiment
+from minimodel.store import atomic
 
 log = logs.get_logger("minimodel.cli")
 
@@ -162,8 +163,8 @@ def mini_depths(config: str, overrides: list[str]) -> dict[str, int]:
 
 def report_tasks(cfg: ExperimentConfig) -> list[str]:
     """The tasks the experiment's results hold (every one this configuration defines), its own tasks first."""
-    from minimodel.layout import Layout
-    from minimodel.results import ResultsTable
+    from minimodel.store.layout import Layout
+    from minimodel.store.results import ResultsTable
 
     found = {r["task"] for f in Layout.of(cfg).all_results() for r in ResultsTable(f).rows()}
     unknown = sorted(found - set(cfg.tasks))
@@ -174,8 +175,8 @@ def report_tasks(cfg: ExperimentConfig) -> list[str]:
 
 
 def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
-    from minimodel import families
     from minimodel.data.tasks import TaskData, majority_baseline
+    from minimodel.models import families
     from minimodel.report.document import summary, write_report
 
     baselines: dict[tuple[str, str], dict[str, float]] = {}
@@ -201,8 +202,8 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     print(summary(cfg.runs_dir, cfg.name, baselines=baselines, main_metrics=main_metrics, split=cfg.evaluate.split,
                   checks=checks))
     print(f"report: {path}")
-    from minimodel.results import ResultsTable
-    from minimodel.wandb_results import log_report
+    from minimodel.store.results import ResultsTable
+    from minimodel.store.wandb_results import log_report
 
     rows = [row for f in sorted(Path(cfg.runs_dir, cfg.name).glob("*/results.jsonl")) for row in ResultsTable(f).rows()]
     log_report(cfg, path, rows)
@@ -210,7 +211,7 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
 
 
 def cmd_submit(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
-    from minimodel.launch import submit
+    from minimodel.cluster.launch import submit
 
     submit(args.config, args.overrides, launcher=args.launcher, dry_run=args.dry_run)
     return ""
@@ -224,7 +225,7 @@ def cmd_flops(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
 
 
 def cmd_plan(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
-    from minimodel.launcher import launcher_path, load_launcher, memory_plan, misfits, plan_table
+    from minimodel.cluster.launcher import launcher_path, load_launcher, memory_plan, misfits, plan_table
 
     lc = load_launcher(launcher_path(args.launcher, args.config))
     plans = memory_plan(args.config, args.overrides, lc)
@@ -319,8 +320,7 @@ def _cpu(command: str, cfg: ExperimentConfig) -> None:
     command of ``THREADED``, its threads (``threads.apply``)."""
     import os
 
-    from minimodel import threads
-
+    from minimodel.cluster import threads
     busy = threads.measured_busy(threads.usable_cpus())  # the load, read once for both decisions
     if command in (*THREADED, "run") and "torch" not in sys.modules:
         policy = threads.wait_policy(os.environ, threads.usable_cpus(), busy)

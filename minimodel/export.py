@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minimodel import atomic
-from minimodel.checkpoints import Adaptation, CheckpointError, load_adaptation, load_finetuned
 from minimodel.config.schema import ExperimentConfig
 from minimodel.data.tokenizer import Tokenizer, TokenizerError
 from minimodel.errors import ConfigError
-from minimodel.layout import adaptation_checkpoints, checkpoint_step, finetuned_model
 from minimodel.log import get_logger
-from minimodel.provenance import check_producer, require_finished, run_identity
-from minimodel.surgery import PlugError, plug_embeddings
+from minimodel.models.surgery import PlugError, plug_embeddings
+from minimodel.store import atomic
+from minimodel.store.checkpoints import Adaptation, CheckpointError, load_adaptation, load_finetuned
+from minimodel.store.layout import adaptation_checkpoints, checkpoint_step, finetuned_model
+from minimodel.store.provenance import check_producer, require_finished, run_identity
 from minimodel.systems import runs
 
 log = get_logger(__name__)
@@ -128,8 +128,8 @@ def export(cfg: ExperimentConfig, out: Path, step: int | None = None, embeddings
 
 def _write(cfg: ExperimentConfig, emb: Embeddings, out: Path, embeddings_only: bool) -> str:
     """The files of the export, into the (temporary) directory ``out``; returns what kind of export it is."""
-    from minimodel.families import causal, hf_module, max_tokens
-    from minimodel.hf import fast_tokenizer
+    from minimodel.models.families import causal, hf_module, max_tokens
+    from minimodel.models.hf import fast_tokenizer
     from minimodel.stages.bridge import load_primary
 
     hf = hf_module(cfg.model)  # the family's conversion (hf.py, hf_decoder.py)

@@ -17,8 +17,8 @@ from pathlib import Path
 from minimodel.config.schema import ExperimentConfig
 from minimodel.errors import ConfigError
 from minimodel.experiment import load_experiment
-from minimodel.layout import is_done, prepared
 from minimodel.log import get_logger
+from minimodel.store.layout import is_done, prepared
 from minimodel.systems import Runs, external_primary, of, runs, source_tokenizer
 
 log = get_logger(__name__)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from minimodel.config.schema import PRIMARY, ExperimentConfig, is_hf_source, pretrain_seed_suffix
 from minimodel.errors import ConfigError
-from minimodel.layout import Layout, last_checkpoint
+from minimodel.store.layout import Layout, last_checkpoint
 
 
 class Body(Enum):

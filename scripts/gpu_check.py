@@ -7,7 +7,7 @@
            a second uninterrupted run measures the GPU's own run-to-run noise (see ``resume_verdict``)
   bench    `benchmarks/run_all.py --device cuda --quick` (the benchmarks' short size)
   memory   peak memory (``torch.cuda.max_memory_allocated``) of an update of each stage's real model at roberta-base
-           sizes and the experiments' micro-batch, beside the memory plan's prediction (``minimodel.memory``)
+           sizes and the experiments' micro-batch, beside the memory plan's prediction (``minimodel.cluster.memory``)
 
 It writes benchmarks/results/gpu_check.json (device, torch, each check's status and figures) and prints a summary
 table; it exits 1 when a check fails. Where no CUDA device exists it says why and exits 0, writing nothing. Never
@@ -251,7 +251,7 @@ def losses(run_dir: Path) -> dict[int, float]:
 def kill_mid_way(args: list[str], run_dir: Path, log: Path, after: int, every: int, timeout: float) -> int:
     """Start `minimodel ARGS`, SIGKILL it about half-way between checkpoint ``after`` and the next one (timed from
     the update rate between the checkpoints before), and return the update of the checkpoint it left."""
-    from minimodel.checkpoints import load_checkpoint
+    from minimodel.store.checkpoints import load_checkpoint
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
     ckpts = run_dir / "checkpoints"
@@ -274,7 +274,7 @@ def kill_mid_way(args: list[str], run_dir: Path, log: Path, after: int, every: i
 
 def check_resume(tmp: Path, device: str) -> dict[str, Any]:
     """(b) kill -9 between checkpoints, resume, compare with an uninterrupted run (and two uninterrupted runs)."""
-    from minimodel.checkpoints import load_checkpoint
+    from minimodel.store.checkpoints import load_checkpoint
 
     corpus = write_corpus(tmp / "corpus", ("en",))
     updates, every = 60, 10
@@ -340,9 +340,9 @@ def check_memory(device: str) -> dict[str, Any]:
 
     import torch
 
+    from minimodel.cluster.memory import estimate, stage_models
+    from minimodel.cluster.memory_probe import build_stage, measure_update
     from minimodel.experiment import load_experiment
-    from minimodel.memory import estimate, stage_models
-    from minimodel.memory_probe import build_stage, measure_update
 
     rows, errors = [], []
     for experiment, stage in MEMORY_STAGES:

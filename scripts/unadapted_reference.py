@@ -16,14 +16,14 @@ import json
 import time
 from pathlib import Path
 
-from minimodel import atomic
-from minimodel.checkpoints import load_finetuned
 from minimodel.data.downstream import predict, score
 from minimodel.data.tokenizer import HFTokenizer
 from minimodel.experiment import load_experiment
-from minimodel.families import causal
-from minimodel.layout import finetuned_model
+from minimodel.models.families import causal
 from minimodel.stages.evaluate import device_for, task_of
+from minimodel.store import atomic
+from minimodel.store.checkpoints import load_finetuned
+from minimodel.store.layout import finetuned_model
 from minimodel.systems import REFERENCE, external_primary, runs, source_tokenizer
 
 

@@ -15,7 +15,7 @@ from minimodel.experiment import load_experiment
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_CORPUS = ROOT / "data" / "demo" / "corpus"
 
-# the stages' thread choice (minimodel/threads.py) follows the machine's load when nothing sets it; the suite's
+# the stages' thread choice (minimodel/cluster/threads.py) follows the machine's load when nothing sets it; the suite's
 # golden numerics must not, so its stages use what torch uses by default (tests/test_threads.py tests the choice)
 os.environ.setdefault("OMP_NUM_THREADS", str(__import__("torch").get_num_threads()))
 os.environ.setdefault("WANDB_MODE", "disabled")

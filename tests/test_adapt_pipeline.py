@@ -6,15 +6,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel.checkpoints import FORMAT, load_adaptation, load_checkpoint, load_trained_model
 from minimodel.data.tokenizer import Tokenizer
 from minimodel.flops import adapt_flops, bridge_flops
-from minimodel.layout import adaptation_checkpoints
-from minimodel.model import PRIMARY
+from minimodel.models.model import PRIMARY
+from minimodel.models.surgery import PlugError, plug_embeddings, primary_only
 from minimodel.stages.adapt import run_adapt
 from minimodel.stages.bridge import run_bridge
 from minimodel.stages.pretrain import run_pretrain
-from minimodel.surgery import PlugError, plug_embeddings, primary_only
+from minimodel.store.checkpoints import FORMAT, load_adaptation, load_checkpoint, load_trained_model
+from minimodel.store.layout import adaptation_checkpoints
 from tests.conftest import TINY_STAGE, stage_overrides, tiny_config
 
 pytestmark = pytest.mark.slow

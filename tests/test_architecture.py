@@ -95,16 +95,16 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 def test_the_import_graph_has_no_cycles():
     g = graph()
     assert len(g) > 50 and sum(len(v) for v in g.values()) > 150  # the scan sees the package
-    assert "minimodel.layout" in g["minimodel.systems"]
+    assert "minimodel.store.layout" in g["minimodel.systems"]
     assert cycles(g) == []
 
 
 def test_function_level_and_relative_imports_are_edges(tmp_path):
     pkg = tmp_path / "minimodel"
     pkg.mkdir()
-    (pkg / "m.py").write_text("def f():\n    from minimodel.layout import Layout\n    from . import systems\n")
-    known = {"minimodel.layout", "minimodel.systems", "minimodel.m"}
-    assert imports_of(pkg / "m.py", known, tmp_path) == {"minimodel.layout", "minimodel.systems"}
+    (pkg / "m.py").write_text("def f():\n    from minimodel.store.layout import Layout\n    from . import systems\n")
+    known = {"minimodel.store.layout", "minimodel.systems", "minimodel.m"}
+    assert imports_of(pkg / "m.py", known, tmp_path) == {"minimodel.store.layout", "minimodel.systems"}
 
 
 def test_no_module_is_over_the_size_limit():
@@ -143,6 +143,6 @@ def test_only_systems_branches_on_a_system_name():
 def test_only_families_branches_on_a_family_name():
     """No comparison with a model family's name (`family == "decoder"`) outside the declarations in families.py: what
     differs between families (objective, pooling, output bias, positions, Hugging Face module) is declared there."""
-    from minimodel.families import REGISTRY
+    from minimodel.models.families import REGISTRY
 
-    assert compared_outside(set(REGISTRY), "minimodel.families") == []
+    assert compared_outside(set(REGISTRY), "minimodel.models.families") == []

@@ -1,4 +1,4 @@
-"""minimodel.atomic: every write whole or not at all, a refused write as one clear error (issue 25, part 3)."""
+"""minimodel.store.atomic: every write whole or not at all, a refused write as one clear error (issue 25, part 3)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from minimodel import atomic
 from minimodel.errors import UserError, WriteError
+from minimodel.store import atomic
 
 
 def refuse(monkeypatch: pytest.MonkeyPatch, code: int = errno.ENOSPC) -> None:
@@ -143,7 +143,7 @@ def test_save_torch_and_a_payload_estimate(tmp_path):
 
 
 def test_the_module_is_light():
-    code = "import sys, minimodel.atomic; print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
+    code = "import sys, minimodel.store.atomic; print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -17,10 +17,10 @@ from minimodel.cli import main
 from minimodel.config.load import save_config
 from minimodel.errors import CheckpointError, ConfigError, UserError
 from minimodel.experiment import load_experiment
-from minimodel.identity import check_finished, stage_changes
-from minimodel.layout import CONFIG, DONE, read_done
 from minimodel.report.reading import load_results
-from minimodel.results import ResultsTable
+from minimodel.store.identity import check_finished, stage_changes
+from minimodel.store.layout import CONFIG, DONE, read_done
+from minimodel.store.results import ResultsTable
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_overrides
 
 TINY_YAML = ROOT / "experiments" / "tiny.yaml"
@@ -481,7 +481,7 @@ class _RunsCode:
 def test_hf_weights_that_are_not_plain_data_are_refused_in_the_documented_form(tmp_path):
     from safetensors.torch import load_file
 
-    from minimodel.hf import from_hf
+    from minimodel.models.hf import from_hf
 
     d = _hf_model_dir(tmp_path / "hf")
     weights = load_file(d / "model.safetensors")

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from minimodel.checkpoints import Adaptation, load_checkpoint
 from minimodel.cli import main
 from minimodel.data.encode import encode_corpus
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.tokenizer import Tokenizer, TokenizerError
 from minimodel.errors import NonFiniteLossError, WriteError
-from minimodel.model import RobertaMLM
+from minimodel.models.model import RobertaMLM
+from minimodel.models.surgery import PlugError
 from minimodel.stages.evaluate import check_adaptation
 from minimodel.stages.pretrain import run_pretrain
-from minimodel.surgery import PlugError
+from minimodel.store.checkpoints import Adaptation, load_checkpoint
 from minimodel.systems import runs
 from tests.conftest import ROOT, stage_overrides, tiny_config
 

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel.checkpoints import (
+from minimodel.data.tokenizer import Tokenizer
+from minimodel.models.surgery import plug_embeddings
+from minimodel.store.checkpoints import (
     FORMAT,
     Adaptation,
     CheckpointError,
@@ -19,8 +21,6 @@ from minimodel.checkpoints import (
     load_finetuned,
     load_trained_model,
 )
-from minimodel.data.tokenizer import Tokenizer
-from minimodel.surgery import plug_embeddings
 from tests.conftest import ROOT
 
 LEGACY = ROOT / "tests" / "fixtures" / "legacy"

@@ -15,8 +15,8 @@ from minimodel import signals
 from minimodel.cli import main
 from minimodel.errors import UserError
 from minimodel.experiment import load_experiment
-from minimodel.layout import write_done
-from minimodel.provenance import stamp
+from minimodel.store.layout import write_done
+from minimodel.store.provenance import stamp
 from tests.conftest import ROOT, stage_overrides, tiny_overrides
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from minimodel.data.prepare import prepared_paths
 from minimodel.data.shards import ShardError, TokenStream, read_manifest
 from minimodel.data.spm_training import train_tokenizer
 from minimodel.data.tokenizer import BOS, EOS, MASK, Tokenizer, TokenizerError
-from minimodel.model import IGNORE_INDEX
+from minimodel.models.model import IGNORE_INDEX
 from tests.conftest import tiny_config
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel.checkpoints import load_checkpoint
+from minimodel.store.checkpoints import load_checkpoint
 from tests.conftest import ROOT, stage_overrides, tiny_overrides
 from tests.test_pretrain import read_metrics
 

@@ -1,4 +1,4 @@
-"""The decoder family (``model.family: decoder``, minimodel/decoder.py): causal attention, LM heads at chosen depths,
+"""The decoder family (``model.family: decoder``, minimodel/models/decoder.py): causal attention, LM heads at chosen depths,
 tied and untied output projections, right padding, last-token pooling, the surgery of the four systems, the
 configuration checks and the FLOP counts of a causal LM (every position predicts)."""
 
@@ -9,10 +9,10 @@ import torch
 
 from minimodel.config.schema import PRIMARY, ModelConfig
 from minimodel.errors import ConfigError
-from minimodel.families import REGISTRY, Objective, build, predicted_share
 from minimodel.flops import adapt_flops, bridge_flops, layer_flops, pretrain_flops
-from minimodel.model import ClassificationHead
-from minimodel.surgery import (
+from minimodel.models.families import REGISTRY, Objective, build, predicted_share
+from minimodel.models.model import ClassificationHead
+from minimodel.models.surgery import (
     adaptation_state,
     adaptation_trainable,
     build_minipost,

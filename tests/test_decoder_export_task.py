@@ -1,4 +1,4 @@
-"""A finetuned decoder exports (``minimodel.decoder_task``): its causal LM as ``hf_decoder.to_hf`` writes it plus the
+"""A finetuned decoder exports (``minimodel.models.decoder_task``): its causal LM as ``hf_decoder.to_hf`` writes it plus the
 classification head, and ``load_task_model`` (transformers and torch only) gives our logits on the last real token;
 a tiny decoder chain (Llama-style untied, GPT-2 style) exported with ``task=`` predicts what step 4 saved."""
 
@@ -12,11 +12,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import minimodel.hf_decoder  # noqa: E402
+import minimodel.models.hf_decoder  # noqa: E402
 from minimodel.cli import main  # noqa: E402
-from minimodel.decoder_task import HEAD_CONFIG, HEAD_WEIGHTS, load_task_model, task_to_hf  # noqa: E402
 from minimodel.errors import ConfigError  # noqa: E402
-from minimodel.model import ClassificationHead, SpanHead  # noqa: E402
+from minimodel.models.decoder_task import HEAD_CONFIG, HEAD_WEIGHTS, load_task_model, task_to_hf  # noqa: E402
+from minimodel.models.model import ClassificationHead, SpanHead  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.test_decoder import STYLES, decoder, ids  # noqa: E402
 from tests.test_decoder_pipeline import LLAMA, run_args  # noqa: E402
@@ -68,18 +68,18 @@ def test_question_answering_and_first_token_heads_are_refused(tmp_path):
 @pytest.mark.parametrize("style", ["llama", "gpt2"])
 def test_a_finetuned_decoder_exports_and_predicts_what_evaluate_saved(tmp_path, prepared, corpus_dir, style,
                                                                       monkeypatch):
-    from minimodel.checkpoints import load_finetuned
     from minimodel.data.prepare import load_prepared_tokenizer
     from minimodel.data.task_features import pad_collate
     from minimodel.data.tasks import TaskData
     from minimodel.experiment import load_experiment
     from minimodel.export import PROVENANCE, adapted_embeddings
-    from minimodel.layout import finetuned_model
-    from minimodel.surgery import plug_embeddings
+    from minimodel.models.surgery import plug_embeddings
+    from minimodel.store.checkpoints import load_finetuned
+    from minimodel.store.layout import finetuned_model
     from minimodel.systems import runs
 
-    # hf_decoder's `from minimodel.decoder_task import task_to_hf` (raising=False: the test holds with it or not)
-    monkeypatch.setattr(minimodel.hf_decoder, "task_to_hf", task_to_hf, raising=False)
+    # hf_decoder's `from minimodel.models.decoder_task import task_to_hf` (raising=False: the test holds with it or not)
+    monkeypatch.setattr(minimodel.models.hf_decoder, "task_to_hf", task_to_hf, raising=False)
     args = [a for a in run_args(tmp_path, corpus_dir, prepared) if a not in LLAMA]
     args = [*args, *(LLAMA if style == "llama" else GPT2), "sweep=[]", "system=bl_base"]
     experiment = str(ROOT / "experiments" / "demo.yaml")

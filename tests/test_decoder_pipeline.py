@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel.checkpoints import load_adaptation, load_checkpoint, load_trained_model
 from minimodel.cli import main
-from minimodel.layout import adaptation_checkpoints
-from minimodel.results import ResultsTable
 from minimodel.stages.adapt import run_adapt
 from minimodel.stages.pretrain import run_pretrain
+from minimodel.store.checkpoints import load_adaptation, load_checkpoint, load_trained_model
+from minimodel.store.layout import adaptation_checkpoints
+from minimodel.store.results import ResultsTable
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_config, tiny_overrides
 from tests.test_pretrain import rows
 

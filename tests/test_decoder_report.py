@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from minimodel import families
+from minimodel.models import families
 from minimodel.report.document import render_report
 from minimodel.report.perplexity_claims import perplexity_claims
 from minimodel.report.reading import INVERSE_PERPLEXITY, inverse_perplexity, results_from_rows

@@ -4,16 +4,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel.checkpoints import Adaptation, load_checkpoint
 from minimodel.cli import main
 from minimodel.config.load import model_preset
 from minimodel.config.schema import TaskConfig
 from minimodel.data.downstream import evaluate, predict, task_head
 from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import Tokenizer
-from minimodel.model import RobertaMLM
-from minimodel.results import ResultsTable
-from minimodel.surgery import plug_embeddings
+from minimodel.models.model import RobertaMLM
+from minimodel.models.surgery import plug_embeddings
+from minimodel.store.checkpoints import Adaptation, load_checkpoint
+from minimodel.store.results import ResultsTable
 from tests.conftest import ROOT, stage_overrides, tiny_overrides
 
 LOHELP = TaskConfig(kind="local", source=str(ROOT / "data" / "demo" / "task" / "lohelp"), max_len=48)

@@ -17,9 +17,9 @@ from minimodel.data.prepare import load_prepared_tokenizer
 from minimodel.data.tokenizer import Tokenizer
 from minimodel.experiment import load_experiment
 from minimodel.export import PROVENANCE, adapted_embeddings, load_artifact
-from minimodel.hf import fast_tokenizer
+from minimodel.models.hf import fast_tokenizer
+from minimodel.models.surgery import plug_embeddings
 from minimodel.stages.bridge import load_primary
-from minimodel.surgery import plug_embeddings
 from minimodel.systems import runs
 from tests.conftest import ROOT, real_text, tiny_config
 
@@ -109,8 +109,8 @@ def test_the_exported_classifier_predicts_what_evaluate_scored(tiny_finetuned, t
     data = TaskData("lohelp", cfg.tasks["lohelp"])
     assert list(model.config.id2label.values()) == list(data.labels)
     records = data.records("test", "de")
-    from minimodel.checkpoints import load_finetuned
-    from minimodel.layout import finetuned_model
+    from minimodel.store.checkpoints import load_finetuned
+    from minimodel.store.layout import finetuned_model
 
     body, head, _ = load_finetuned(finetuned_model(runs(cfg).finetune("lohelp", 1)))
     emb = adapted_embeddings(load_experiment(args[0], [*args[1:], "lang=de"]))
@@ -127,7 +127,7 @@ def test_the_exported_classifier_predicts_what_evaluate_scored(tiny_finetuned, t
     assert gap < 1e-5
     gold = [f["label"] for f in data.features(records, load_prepared_tokenizer(cfg, "de"))]
     accuracy = 100.0 * sum(p == g for p, g in zip(predicted, gold)) / len(gold)
-    from minimodel.results import ResultsTable
+    from minimodel.store.results import ResultsTable
 
     rows = ResultsTable(Path(cfg.runs_dir) / cfg.name / "bl_base" / "results.jsonl").rows()
     final, = [r["value"] for r in rows if (r["lang"], r["seed"], r["step"], r["metric"]) == ("de", 1, 8, "accuracy")]
@@ -158,7 +158,7 @@ def named_offline_runs(directory: Path, names: list[str], timeout: float = 60.0)
     """``wandb_results.offline_runs`` once every run in ``directory`` is named, whole (its exit record written) and
     ``names`` are all there: on a busy machine wandb's service may still be writing a run's transaction log when
     ``finish`` has returned (CI runs read an unnamed ``offline-run-*``, and a half-written record, there)."""
-    from minimodel.wandb_results import finished, offline_runs
+    from minimodel.store.wandb_results import finished, offline_runs
 
     end = time.monotonic() + timeout
     while True:
@@ -191,8 +191,8 @@ def test_an_export_whose_tokenizer_autotokenizer_would_replace_is_refused(prepar
 def test_results_on_wandb_offline_read_back(tiny_finetuned, tmp_path, monkeypatch):
     """A tiny evaluation and report with wandb offline: the runs' logged values, read back from wandb's own
     transaction logs, are the results rows; the report run holds the report's tables."""
-    from minimodel.results import ResultsTable
-    from minimodel.wandb_results import finished, read_history
+    from minimodel.store.results import ResultsTable
+    from minimodel.store.wandb_results import finished, read_history
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     for k in ("WANDB_API_KEY", "WANDB_BASE_URL"):
@@ -249,8 +249,8 @@ def test_results_on_wandb_offline_read_back(tiny_finetuned, tmp_path, monkeypatc
 def test_a_question_answering_model_exports_with_its_span_head(tmp_path):
     """``task_to_hf`` with a QA head: RobertaForQuestionAnswering gives our start and end logits."""
     from minimodel.config.schema import ModelConfig
-    from minimodel.hf import task_to_hf
-    from minimodel.model import RobertaMLM, SpanHead
+    from minimodel.models.hf import task_to_hf
+    from minimodel.models.model import RobertaMLM, SpanHead
 
     torch.manual_seed(0)
     body = RobertaMLM(ModelConfig(vocab_size=60, hidden=32, layers=2, heads=2, ffn=64, max_positions=40)).eval()

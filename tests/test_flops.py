@@ -4,8 +4,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from minimodel.flops import V100_DAY, adapt_flops, bridge_flops, pretrain_flops, v100_days
-from minimodel.model import IGNORE_INDEX, ModelConfig, RobertaMLM
-from minimodel.surgery import adaptation_trainable, freeze_all_but
+from minimodel.models.model import IGNORE_INDEX, ModelConfig, RobertaMLM
+from minimodel.models.surgery import adaptation_trainable, freeze_all_but
 
 PAPER = dict(hidden=768, seq_len=512, vocab=50_000, mask_prob=0.15, batch=2048, updates=125_000)
 

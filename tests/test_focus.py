@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from minimodel.errors import ConfigError
-from minimodel.focus import focus_init, mix_weights, sparsemax
+from minimodel.models.focus import focus_init, mix_weights, sparsemax
+from minimodel.models.surgery import overlap_init
 from minimodel.pipeline import plan, variants
-from minimodel.surgery import overlap_init
 from minimodel.systems import runs
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_config, tiny_overrides
 
@@ -290,7 +290,7 @@ def demo_args(tmp: Path, prepared: Path, corpus: Path) -> list[str]:
 
 
 def step0(run_dir: Path) -> dict:
-    from minimodel.checkpoints import load_checkpoint
+    from minimodel.store.checkpoints import load_checkpoint
 
     return load_checkpoint(run_dir / "embeddings" / "step0000000.pt")
 
@@ -299,11 +299,11 @@ def step0(run_dir: Path) -> dict:
 @needs_fasttext
 def test_every_system_adapts_with_focus_from_minimodel_run_offline(tmp_path, prepared, corpus_dir, trainings,
                                                                    no_network):
-    from minimodel.checkpoints import load_trained_model
     from minimodel.cli import main
     from minimodel.data.prepare import load_prepared_tokenizer
     from minimodel.experiment import load_experiment
     from minimodel.stages.adapt import run_adapt
+    from minimodel.store.checkpoints import load_trained_model
 
     copy = copy_prepared(prepared, tmp_path / "copy")
     args = demo_args(tmp_path, copy, corpus_dir)
@@ -384,8 +384,8 @@ def test_focus_over_a_hugging_face_source(tmp_path, prepared, corpus_dir, no_net
     from minimodel.data.prepare import load_prepared_tokenizer
     from minimodel.data.tokenizer import HFTokenizer
     from minimodel.experiment import load_experiment
-    from minimodel.hf import from_hf, to_hf
-    from minimodel.model import PRIMARY, ModelConfig, RobertaMLM
+    from minimodel.models.hf import from_hf, to_hf
+    from minimodel.models.model import PRIMARY, ModelConfig, RobertaMLM
     from minimodel.stages.adapt import run_adapt
     from minimodel.stages.bridge import run_bridge
     from tests.test_hf_source import build_hf_tokenizer

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from minimodel.checkpoints import TrainingMeta, load_checkpoint
 from minimodel.config.schema import ModelConfig, OptimConfig
 from minimodel.errors import ConfigError
-from minimodel.model import PRIMARY, RobertaMLM
+from minimodel.models.model import PRIMARY, RobertaMLM
+from minimodel.store.checkpoints import TrainingMeta, load_checkpoint
 from minimodel.training.mlm import MLMModule, forget_init, window_factor
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_config, tiny_overrides
 from tests.test_progressive import Batches

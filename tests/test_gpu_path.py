@@ -19,14 +19,14 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from minimodel.checkpoints import TrainingMeta, load_checkpoint
 from minimodel.cli import main
 from minimodel.config.schema import ModelConfig, OptimConfig
 from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.errors import ERROR_EXIT, NonFiniteLossError
-from minimodel.model import RobertaMLM
-from minimodel.surgery import adaptation_trainable, freeze_all_but
+from minimodel.models.model import RobertaMLM
+from minimodel.models.surgery import adaptation_trainable, freeze_all_but
+from minimodel.store.checkpoints import TrainingMeta, load_checkpoint
 from minimodel.training import device as dev
 from minimodel.training import runner as runner_mod
 from minimodel.training.callbacks import ScheduledCheckpoints
@@ -281,7 +281,7 @@ def test_every_training_stage_compiles_its_layers_when_asked(monkeypatch, tmp_pa
     seen: list[tuple[str, int]] = []
 
     def spy(module: torch.nn.Module) -> int:
-        from minimodel.model import Layer
+        from minimodel.models.model import Layer
 
         n = sum(isinstance(m, Layer) for m in module.modules())
         seen.append((type(module).__name__, n))
@@ -413,8 +413,8 @@ def test_predict_in_bf16_on_the_cpu_agrees_with_fp32():
     """The CPU side of a bf16 evaluation: the same predictions as fp32 on a tiny decoder, probabilities to bf16's
     rounding."""
     from minimodel.data.downstream import predict
-    from minimodel.decoder import DecoderLM
-    from minimodel.model import ClassificationHead
+    from minimodel.models.decoder import DecoderLM
+    from minimodel.models.model import ClassificationHead
 
     torch.manual_seed(0)
     body = DecoderLM(ModelConfig(family="decoder", vocab_size=200, hidden=32, layers=2, heads=4, kv_heads=2, ffn=64,
@@ -431,7 +431,7 @@ def test_predict_in_bf16_on_the_cpu_agrees_with_fp32():
 
 
 def test_compile_layers_finds_the_decoders_layers_too():
-    from minimodel.decoder import DecoderLM
+    from minimodel.models.decoder import DecoderLM
 
     model = DecoderLM(ModelConfig(family="decoder", vocab_size=50, hidden=16, layers=3, heads=2, ffn=32,
                                   max_positions=16))

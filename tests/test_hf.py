@@ -1,4 +1,4 @@
-"""minimodel.hf: tiny random HF RoBERTa / XLM-R checkpoints <-> RobertaMLM give the same logits."""
+"""minimodel.models.hf: tiny random HF RoBERTa / XLM-R checkpoints <-> RobertaMLM give the same logits."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from minimodel.hf import from_hf, hf_config_to_model_config, to_hf  # noqa: E402
-from minimodel.model import ModelConfig, RobertaMLM  # noqa: E402
+from minimodel.models.hf import from_hf, hf_config_to_model_config, to_hf  # noqa: E402
+from minimodel.models.model import ModelConfig, RobertaMLM  # noqa: E402
 
 PAD = 1
 TINY = dict(

@@ -1,4 +1,4 @@
-"""Hugging Face interop of the decoder family (minimodel/hf_decoder.py), on tiny randomly initialised GPT-2 and Llama
+"""Hugging Face interop of the decoder family (minimodel/models/hf_decoder.py), on tiny randomly initialised GPT-2 and Llama
 models written here (no hub): ``from_hf`` gives the HF logits, ``to_hf`` round-trips, MiniPost runs steps 1b-4 from a
 ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` directory with that model's own tokenizer (byte-level BPE or unigram, no
 padding or mask token), and the adapted German model exports to ``AutoModelForCausalLM`` + a fast tokenizer that ``pipeline("text-generation")``
@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from minimodel.cli import main  # noqa: E402
 from minimodel.data.tokenizer import HFTokenizer, Tokenizer  # noqa: E402
-from minimodel.hf_decoder import from_hf, to_hf  # noqa: E402
+from minimodel.models.hf_decoder import from_hf, to_hf  # noqa: E402
 from minimodel.stages.bridge import load_primary  # noqa: E402
 from tests.conftest import ROOT, real_text, stage_overrides, tiny_overrides  # noqa: E402
 from tests.test_decoder_pipeline import small_task  # noqa: E402
@@ -149,8 +149,8 @@ def test_rope_scalings_give_transformers_frequencies():
     accepts; the scaled frequencies differ from the unscaled ones (the test can fail)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from minimodel.decoder import rope_inv_freq
-    from minimodel.hf_decoder import hf_config_to_model_config
+    from minimodel.models.decoder import rope_inv_freq
+    from minimodel.models.hf_decoder import hf_config_to_model_config
 
     plain = None
     for scaling in (None, {"rope_type": "linear", "factor": 4.0},
@@ -262,9 +262,9 @@ def test_minipost_from_a_public_decoder_steps_1b_to_4_and_export_to_a_text_gener
     ids = tok(text, return_tensors="pt")["input_ids"]
     assert ids[0].tolist() == [0, *de.encode_one(text)]  # <s> then the SentencePiece ids, no </s> after a prompt
     ours, _ = load_primary(str(source), "decoder")
-    from minimodel.checkpoints import load_adaptation
-    from minimodel.layout import adaptation_checkpoints
-    from minimodel.surgery import plug_embeddings
+    from minimodel.models.surgery import plug_embeddings
+    from minimodel.store.checkpoints import load_adaptation
+    from minimodel.store.layout import adaptation_checkpoints
 
     plug_embeddings(ours, load_adaptation(adaptation_checkpoints(runs / "adapt" / "de")[-1]), de.sha256,
                     de.vocab_size)

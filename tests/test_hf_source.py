@@ -14,7 +14,6 @@ import torch
 
 pytest.importorskip("transformers")
 
-from minimodel.checkpoints import load_checkpoint, load_trained_model  # noqa: E402
 from minimodel.cli import main  # noqa: E402
 from minimodel.data.mlm import Masker  # noqa: E402
 from minimodel.data.prepare import prepared_paths  # noqa: E402
@@ -29,9 +28,10 @@ from minimodel.data.tokenizer import (  # noqa: E402
     load_tokenizer,
     wordpiece_surface,
 )
-from minimodel.hf import from_hf, to_hf  # noqa: E402
-from minimodel.model import IGNORE_INDEX, PRIMARY, ModelConfig, RobertaMLM  # noqa: E402
-from minimodel.results import ResultsTable  # noqa: E402
+from minimodel.models.hf import from_hf, to_hf  # noqa: E402
+from minimodel.models.model import IGNORE_INDEX, PRIMARY, ModelConfig, RobertaMLM  # noqa: E402
+from minimodel.store.checkpoints import load_checkpoint, load_trained_model  # noqa: E402
+from minimodel.store.results import ResultsTable  # noqa: E402
 from tests.conftest import ROOT, real_text, stage_overrides, tiny_overrides  # noqa: E402
 
 BPE_VOCAB = 800  # + <mask> = 801 ids

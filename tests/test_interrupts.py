@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel import atomic
-from minimodel.checkpoints import load_checkpoint
+from minimodel.store import atomic
+from minimodel.store.checkpoints import load_checkpoint
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_overrides
 
 pytestmark = pytest.mark.slow

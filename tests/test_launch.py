@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from minimodel.cluster.launch import submit
+from minimodel.cluster.launcher import LauncherConfigError, launcher_path, load_launcher
+from minimodel.cluster.sbatch import SubmitError, safe_name, sbatch_script
 from minimodel.experiment import load_experiment
-from minimodel.launch import submit
-from minimodel.launcher import LauncherConfigError, launcher_path, load_launcher
 from minimodel.pipeline import Step, plan
-from minimodel.sbatch import SubmitError, safe_name, sbatch_script
 from tests.conftest import ROOT
 
 MINIJOINT = str(ROOT / "experiments" / "minijoint.yaml")
@@ -317,7 +317,7 @@ def test_missing_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     with pytest.raises(SubmitError, match=re.escape(message)):
         submit(MINIJOINT, [*OVERRIDES, f"runs_dir={tmp_path}"], launcher="a100")
     # found by `which` but gone when run (FileNotFoundError from subprocess)
-    monkeypatch.setattr("minimodel.launch.shutil.which", lambda name: "/nowhere/sbatch")
+    monkeypatch.setattr("minimodel.cluster.launch.shutil.which", lambda name: "/nowhere/sbatch")
     with pytest.raises(SubmitError, match=re.escape(message)):
         submit(MINIJOINT, [*OVERRIDES, f"runs_dir={tmp_path}"], launcher="a100")
 
@@ -424,7 +424,7 @@ def test_a_finished_step_built_on_an_earlier_run_is_not_left_out(fake_slurm: Pat
                                                                  capsys: pytest.CaptureFixture):
     """adapt-de finished on the pretraining as it was; the pretraining finished again since: adapt-de is submitted
     (its job then stops, naming both runs) rather than left out as finished."""
-    from minimodel.provenance import stamp
+    from minimodel.store.provenance import stamp
 
     overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
     steps = configured_runs(overrides, ("pretrain", "adapt-de"))
@@ -564,7 +564,6 @@ def test_run_executes_the_prepare_steps_one_language_at_a_time(tmp_path: Path, m
     import argparse
 
     from minimodel import cli
-
     ran: list[list[str]] = []
     monkeypatch.setattr(cli, "main", lambda argv: ran.append(argv) or 0)
     overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}"]

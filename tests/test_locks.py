@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from minimodel.cli import main
-from minimodel.locks import LOCK, LockError, exclusive
+from minimodel.store.locks import LOCK, LockError, exclusive
 from minimodel.systems import runs
 from tests.conftest import ROOT, stage_overrides, tiny_config, tiny_overrides
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from minimodel.locks import exclusive
+from minimodel.store.locks import exclusive
 with exclusive(Path(sys.argv[1]), "a test"):
     print("held", flush=True)
     time.sleep(600)

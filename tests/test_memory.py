@@ -1,4 +1,4 @@
-"""The memory plan (minimodel.memory): its parameter counts are exact, its memory is what a real update of each
+"""The memory plan (minimodel.cluster.memory): its parameter counts are exact, its memory is what a real update of each
 stage's model takes (live tensor memory measured on the CPU at small sizes, fp32 and bf16 autocast, within
 TOLERANCE), roberta-base comes out where a hand count puts it, and a stage that would not fit its card names the
 micro-batch that would. The command and the launchers: tests/test_plan.py."""
@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from minimodel.experiment import load_experiment
-from minimodel.launcher import misfits, plan_rows
-from minimodel.memory import (
+from minimodel.cluster.launcher import misfits, plan_rows
+from minimodel.cluster.memory import (
     CONTEXT_GIB,
     FRAGMENTATION,
     GiB,
@@ -17,6 +16,7 @@ from minimodel.memory import (
     micro_batches,
     stage_models,
 )
+from minimodel.experiment import load_experiment
 from tests.conftest import ROOT
 
 TOLERANCE = 0.10
@@ -89,7 +89,7 @@ def one_thread():
 
 @pytest.mark.parametrize("experiment,extra,stage", CASES)
 def test_parameter_counts_are_those_of_the_stages_models(experiment, extra, stage):
-    from minimodel.memory_probe import build_stage
+    from minimodel.cluster.memory_probe import build_stage
 
     cfg = small_config(experiment, *extra)
     sm = next(s for s in stage_models(cfg) if s.stage == stage)
@@ -107,7 +107,7 @@ MEASURED = [(*case, precision) for case in CASES for precision in ("32-true", "b
 def test_plan_matches_a_measured_update(experiment, extra, stage, precision, one_thread):
     import torch
 
-    from minimodel.memory_probe import build_stage, measure_update
+    from minimodel.cluster.memory_probe import build_stage, measure_update
 
     keys = [f"{s}.trainer.precision={precision}" for s in ("pretrain", "bridge", "adapt", "finetune")]
     cfg = small_config(experiment, *extra, *keys)
@@ -126,7 +126,7 @@ def test_plan_matches_a_measured_update(experiment, extra, stage, precision, one
 def test_live_tensor_tracker_counts_allocations_not_views():
     import torch
 
-    from minimodel.memory_probe import LiveTensors
+    from minimodel.cluster.memory_probe import LiveTensors
 
     x = torch.zeros(1000)
     with LiveTensors() as live:

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from minimodel.config.load import model_preset
-from minimodel.model import IGNORE_INDEX, ModelConfig, RobertaMLM
+from minimodel.models.model import IGNORE_INDEX, ModelConfig, RobertaMLM
 
 
 def make(mini_heads=(2,), **kw) -> RobertaMLM:

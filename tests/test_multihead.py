@@ -9,13 +9,13 @@ import json
 import pytest
 import torch
 
-from minimodel.checkpoints import TrainingMeta, load_trained_model
 from minimodel.config.schema import ModelConfig, OptimConfig
 from minimodel.errors import ConfigError
 from minimodel.flops import pretrain_flops
-from minimodel.model import IGNORE_INDEX, RobertaMLM
+from minimodel.models.model import IGNORE_INDEX, RobertaMLM
 from minimodel.pipeline import plan, variants
 from minimodel.report.costs import multi_head_saving
+from minimodel.store.checkpoints import TrainingMeta, load_trained_model
 from minimodel.systems import adapt_depth, runs
 from minimodel.training.mlm import MLMModule, head_weights
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_config

@@ -30,7 +30,7 @@ def test_plan_command_prints_the_plan_and_warns(capsys):
 
 
 def test_submit_warns_but_submits(tmp_path, capsys):
-    from minimodel.launch import submit
+    from minimodel.cluster.launch import submit
 
     exp = str(ROOT / "experiments" / "minijoint.yaml")
     overrides = ["target_langs=[de]", "finetune.tasks=[xnli]", "finetune.seeds=[1]", f"runs_dir={tmp_path}",
@@ -48,7 +48,7 @@ def test_submit_warns_but_submits(tmp_path, capsys):
 
 
 def test_launchers_state_their_card(tmp_path):
-    from minimodel.launcher import LauncherConfigError, launcher_path, load_launcher
+    from minimodel.cluster.launcher import LauncherConfigError, launcher_path, load_launcher
 
     exp = ROOT / "experiments" / "minijoint.yaml"
     cards = {name: load_launcher(launcher_path(name, exp)).gpu_memory_gib for name in ("a100", "h100", "v100", "local")}

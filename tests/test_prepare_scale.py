@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minimodel import atomic
 from minimodel import log as logs
 from minimodel.cli import main
 from minimodel.data import spm_sample, spm_training
@@ -23,6 +22,7 @@ from minimodel.data.spm_training import large_corpus_mode, train_tokenizer
 from minimodel.data.tokenizer import Tokenizer
 from minimodel.errors import ConfigError
 from minimodel.experiment import load_experiment
+from minimodel.store import atomic
 from tests.conftest import ROOT, real_text, tiny_overrides
 from tests.test_interrupts import cli, driven
 

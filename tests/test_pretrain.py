@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel.checkpoints import load_checkpoint
 from minimodel.stages.pretrain import run_pretrain
+from minimodel.store.checkpoints import load_checkpoint
 from tests.conftest import stage_overrides, tiny_config
 
 pytestmark = pytest.mark.slow

@@ -84,7 +84,7 @@ def test_pretraining_seeds_are_pooled_in_scores():
 
 
 def test_the_report_says_how_many_pretrainings(tmp_path: Path):
-    from minimodel.results import ResultsTable
+    from minimodel.store.results import ResultsTable
 
     ResultsTable(tmp_path / "e" / "bl_base" / "results.jsonl").append(pooled_rows())
     text = write_report(tmp_path, "e", tmp_path / "report.md").read_text()
@@ -129,7 +129,7 @@ def test_claims_find_the_variants_of_a_sweep_run_at_another_pretraining_seed():
 
 
 def test_a_row_with_a_pretrain_seed_that_is_not_an_int_is_not_a_row():
-    from minimodel.results import is_row
+    from minimodel.store.results import is_row
 
     row = rows("bl_base", 2, 1, (1, 2, 3, 4))[0]
     assert is_row(row) and is_row({k: v for k, v in row.items() if k != "pretrain_seed"})

@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from minimodel.checkpoints import TrainingMeta, load_adaptation
 from minimodel.config.schema import ModelConfig, OptimConfig
 from minimodel.errors import ConfigError
 from minimodel.flops import FlopSchedule, adapt_flops
-from minimodel.layout import adaptation_checkpoints
-from minimodel.model import IGNORE_INDEX, PRIMARY, RobertaMLM
-from minimodel.surgery import adaptation_trainable, freeze_all_but, staged_body, swap_embeddings, tie_biases
+from minimodel.models.model import IGNORE_INDEX, PRIMARY, RobertaMLM
+from minimodel.models.surgery import adaptation_trainable, freeze_all_but, staged_body, swap_embeddings, tie_biases
+from minimodel.store.checkpoints import TrainingMeta, load_adaptation
+from minimodel.store.layout import adaptation_checkpoints
 from minimodel.systems import Phase, adapt_phases, runs
 from minimodel.training.mlm import MLMModule
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_config, tiny_overrides

@@ -13,8 +13,8 @@ import pytest
 from minimodel.cli import main
 from minimodel.errors import ERROR_EXIT, STOPPED_EXIT, ConfigError, UserError
 from minimodel.experiment import load_experiment
-from minimodel.provenance import run_identity, stale_rows, stamp
-from minimodel.results import ResultsTable
+from minimodel.store.provenance import run_identity, stale_rows, stamp
+from minimodel.store.results import ResultsTable
 from tests.test_consumers import copied_chain  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow

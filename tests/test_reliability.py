@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel.checkpoints import CheckpointError, load_checkpoint
+from minimodel.store.checkpoints import CheckpointError, load_checkpoint
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_overrides
 
 pytestmark = pytest.mark.slow

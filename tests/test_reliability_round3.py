@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from minimodel.errors import UserError
-from minimodel.results import ResultsTable
+from minimodel.store.results import ResultsTable
 
 
 def row(value: float, seed: int = 1) -> dict:
@@ -47,8 +47,8 @@ def test_plan_and_submit_refuse_a_micro_batch_the_job_would_refuse(tmp_path, cap
     """Pretraining at micro-batch 32 on 8 GPUs with a global batch of 32: the job would stop at its start
     (training.optim.accumulation); `plan` says so and `submit`, dry run or not, refuses before writing a script."""
     from minimodel.cli import main
-    from minimodel.launch import submit
-    from minimodel.sbatch import SubmitError
+    from minimodel.cluster.launch import submit
+    from minimodel.cluster.sbatch import SubmitError
     from tests.conftest import ROOT
 
     exp = str(ROOT / "experiments" / "minijoint.yaml")
@@ -66,8 +66,8 @@ def test_plan_and_submit_refuse_a_micro_batch_the_job_would_refuse(tmp_path, cap
 
 
 def test_an_absurd_batch_is_refused_at_load_and_divisors_are_bounded(tmp_path, corpus_dir):
+    from minimodel.cluster.memory import micro_batches
     from minimodel.errors import ConfigError
-    from minimodel.memory import micro_batches
     from tests.conftest import tiny_config
 
     with pytest.raises(ConfigError, match=r"pretrain\.optim\.micro_batch must be at most 16,777,216 sequences"):
@@ -85,8 +85,8 @@ def test_two_writers_of_one_directory_and_file_modes(tmp_path):
     import stat
     import tempfile
 
-    from minimodel import atomic
     from minimodel.errors import WriteError
+    from minimodel.store import atomic
 
     out = tmp_path / "out"
     with pytest.raises(WriteError, match=r"another process wrote it while this one was writing"):
@@ -124,9 +124,9 @@ def hf_dirs(tmp_path_factory):
     """A tiny RoBERTa (our to_hf) and a tiny Llama (transformers' own class), saved as save_pretrained writes them."""
     import transformers
 
-    from minimodel import hf
     from minimodel.config.schema import ModelConfig
-    from minimodel.model import RobertaMLM
+    from minimodel.models import hf
+    from minimodel.models.model import RobertaMLM
 
     t = tmp_path_factory.mktemp("hf")
     hf.to_hf(RobertaMLM(ModelConfig(vocab_size=60, hidden=32, layers=2, heads=2, ffn=64, max_positions=40)),
@@ -218,8 +218,8 @@ def test_an_xz_corpus_is_sampled_within_its_byte_budget_and_the_log_says_how_muc
 def test_a_short_write_is_reported_as_a_full_disk(tmp_path):
     """numpy's tofile (np.save of a shard) reports a full disk as "N requested and M written", with no errno: the
     same message as every other full-disk write ("no space left on device", the bytes needed and free)."""
-    from minimodel import atomic
     from minimodel.errors import WriteError
+    from minimodel.store import atomic
 
     def save(f):  # what np.save raises when the disk takes part of the shard
         f.write(b"x" * 100)
@@ -284,8 +284,8 @@ def test_a_finished_pretraining_whose_final_checkpoint_is_damaged_is_rebuilt_the
     """last.ckpt of a finished pretraining cut short (and so its hard-linked step file): the consumer's message says
     to delete it; doing so, or not, and rerunning the stage rebuilds it from the newest intact checkpoint, exactly
     (the same identity); before, pretrain said "complete; skipping" and adapt "checkpoint not found"."""
-    from minimodel.checkpoints import CheckpointError
     from minimodel.stages.bridge import load_primary
+    from minimodel.store.checkpoints import CheckpointError
     from tests.conftest import ROOT
     from tests.test_reliability import overrides, run_to_end
 

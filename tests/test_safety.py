@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel.checkpoints import (
+from minimodel.cli import main
+from minimodel.errors import WriteError
+from minimodel.store.checkpoints import (
     CheckpointError,
     atomic_torch_save,
     load_adaptation,
@@ -19,8 +21,6 @@ from minimodel.checkpoints import (
     load_finetuned,
     load_trained_model,
 )
-from minimodel.cli import main
-from minimodel.errors import WriteError
 from minimodel.systems import runs
 from tests.conftest import ROOT, stage_overrides, tiny_config, tiny_overrides
 
@@ -80,7 +80,7 @@ def test_checkpoints_written_by_training_load_as_plain_data(tmp_path):
     """What ScheduledCheckpoints stores (RNG states) passes the safe unpickler, and restores exactly."""
     import numpy as np
 
-    from minimodel.checkpoints import rng_state, set_rng_state
+    from minimodel.store.checkpoints import rng_state, set_rng_state
 
     path = tmp_path / "rng.ckpt"
     atomic_torch_save({"rng": rng_state()}, path)

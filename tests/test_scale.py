@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from minimodel.cli import main
-from minimodel.results import ResultsTable, row_id
+from minimodel.store.results import ResultsTable, row_id
 
 pytestmark = pytest.mark.slow
 

@@ -32,8 +32,8 @@ transformers = pytest.importorskip("transformers")
 
 from minimodel.cli import main  # noqa: E402
 from minimodel.data.tokenizer import HFTokenizer  # noqa: E402
-from minimodel.decoder import DecoderLM  # noqa: E402
-from minimodel.hf_decoder import from_hf  # noqa: E402
+from minimodel.models.decoder import DecoderLM  # noqa: E402
+from minimodel.models.hf_decoder import from_hf  # noqa: E402
 from minimodel.stages.bridge import load_primary  # noqa: E402
 from tests.conftest import DEMO_CORPUS, ROOT, stage_overrides  # noqa: E402
 
@@ -226,9 +226,9 @@ def test_both_systems_adapt_finetune_and_evaluate(chain):
     dev sets; the stages ran with the GPU variant's precision and loader workers."""
     import yaml
 
-    from minimodel.checkpoints import load_adaptation
     from minimodel.experiment import load_experiment
-    from minimodel.layout import adaptation_checkpoints
+    from minimodel.store.checkpoints import load_adaptation
+    from minimodel.store.layout import adaptation_checkpoints
     from minimodel.systems import runs
 
     written = load_experiment(GPU_EXPERIMENT, [])
@@ -258,10 +258,10 @@ def test_both_systems_adapt_finetune_and_evaluate(chain):
 def test_minipost_exports_for_text_generation(chain, loaded):
     """SmolLM2 with MiniPost's French embeddings (last adaptation checkpoint) as ``LlamaForCausalLM`` + a fast
     tokenizer: its logits are those of minimodel's model within 1e-4 (measured: 0.0), and ``pipeline`` generates."""
-    from minimodel.checkpoints import load_adaptation
     from minimodel.data.tokenizer import Tokenizer
-    from minimodel.layout import adaptation_checkpoints
-    from minimodel.surgery import plug_embeddings
+    from minimodel.models.surgery import plug_embeddings
+    from minimodel.store.checkpoints import load_adaptation
+    from minimodel.store.layout import adaptation_checkpoints
     from minimodel.systems import runs
 
     out = chain.tmp / "minipost-fr"
@@ -288,14 +288,14 @@ def test_minipost_exports_its_finetuned_classifier(chain):
     ``decoder_task.load_task_model`` (transformers and torch only): minimodel's logits on the French test examples
     within 1e-4 (measured: 0.0; the summaries are longer than max_len 32, so no row is padded here:
     tests/test_decoder_export_task.py covers padding), and the predictions step 4 saved."""
-    from minimodel.checkpoints import load_finetuned
     from minimodel.data.prepare import load_prepared_tokenizer
     from minimodel.data.task_features import pad_collate
     from minimodel.data.tasks import TaskData
-    from minimodel.decoder_task import load_task_model
     from minimodel.export import adapted_embeddings
-    from minimodel.layout import finetuned_model
-    from minimodel.surgery import plug_embeddings
+    from minimodel.models.decoder_task import load_task_model
+    from minimodel.models.surgery import plug_embeddings
+    from minimodel.store.checkpoints import load_finetuned
+    from minimodel.store.layout import finetuned_model
     from minimodel.systems import runs
 
     out = chain.tmp / "minipost-fr-wiki_topics"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimodel.checkpoints import load_checkpoint
 from minimodel.errors import ConfigError
 from minimodel.experiment import load_experiment
+from minimodel.store.checkpoints import load_checkpoint
 from minimodel.training.loggers import wandb_run_id
 from tests.conftest import ROOT, stage_overrides, tiny_overrides
 from tests.test_reliability import cli, kill_when, mid_way, run_to_end

@@ -24,7 +24,7 @@ def test_both_variants_run_the_same_systems_model_and_task_over_smollm2():
 
 
 def test_a_public_primary_has_no_step_1_in_the_costs_or_the_plan():
-    from minimodel.launcher import plan_rows
+    from minimodel.cluster.launcher import plan_rows
     from minimodel.report.costs import cost_rows
     from minimodel.systems import external_primary, of
 
@@ -38,7 +38,7 @@ def test_a_public_primary_has_no_step_1_in_the_costs_or_the_plan():
 
 
 def test_the_gpu_variant_fits_one_h100():
-    from minimodel.launcher import plan_rows
+    from minimodel.cluster.launcher import plan_rows
 
     for system in ("bl_base", "minipost"):
         rows = plan_rows(config("study_real_gpu", f"system={system}"), {"bridge": 1, "adapt": 1, "finetune": 1}, 79.0)

@@ -3,10 +3,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from minimodel.checkpoints import Adaptation
 from minimodel.config.load import model_preset
-from minimodel.model import IGNORE_INDEX, PRIMARY, RobertaMLM
-from minimodel.surgery import (
+from minimodel.models.model import IGNORE_INDEX, PRIMARY, RobertaMLM
+from minimodel.models.surgery import (
     PlugError,
     adaptation_trainable,
     build_minipost,
@@ -17,6 +16,7 @@ from minimodel.surgery import (
     swap_embeddings,
     trainable_parameters,
 )
+from minimodel.store.checkpoints import Adaptation
 from minimodel.training.optim import build_optimizer
 
 

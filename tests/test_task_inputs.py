@@ -15,7 +15,7 @@ from minimodel.data.tokenizer import SpecialTokens
 from minimodel.errors import TaskDataError
 from minimodel.report.document import render_report
 from minimodel.report.reading import results_from_rows
-from minimodel.truncation import Truncation, read_dir, report_section, write
+from minimodel.store.truncation import Truncation, read_dir, report_section, write
 
 LONG = " ".join(f"w{i}" for i in range(80))  # 80 words: more tokens than max_len 32 with any tokenizer here
 SIZES = {"train": (10, 3), "dev": (6, 1), "test.en": (4, 0), "test.de": (6, 2), "test.tr": (5, 4)}

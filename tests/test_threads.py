@@ -1,4 +1,4 @@
-"""The CPU threads a stage chooses (minimodel/threads.py): decisions under a pretend affinity and load."""
+"""The CPU threads a stage chooses (minimodel/cluster/threads.py): decisions under a pretend affinity and load."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from minimodel import threads
 from minimodel.cli import _cpu
+from minimodel.cluster import threads
+from minimodel.cluster.threads import busy_cpus, choose_threads, wait_policy
 from minimodel.config.schema import CpuConfig
-from minimodel.threads import busy_cpus, choose_threads, wait_policy
 from tests.conftest import tiny_config
 
 

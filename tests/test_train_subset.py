@@ -94,7 +94,7 @@ def test_a_step_that_never_ran_is_not_called_unfinished(tmp_path, tiny_finetuned
     """Exporting or evaluating a language never adapted (issue 44): the message says the step never ran, not that
     rerunning it resumes it."""
     from minimodel.cli import main
-    from minimodel.provenance import require_finished
+    from minimodel.store.provenance import require_finished
 
     with pytest.raises(Exception, match=r"does not exist: that step never ran; run `minimodel adapt \.\.\. lang=fr` "):
         require_finished(tmp_path / "adapt" / "fr", "the adaptation of fr", "minimodel adapt ... lang=fr")

@@ -5,7 +5,7 @@ once per write site with ENOSPC injected at that site (``atomic._durable``, whic
 counts): the command exits 2 with ``error: writing FILE: no space left on device (N bytes needed, M free on
 MOUNT)``, no temporary file is left, and rerunning goes on. After the last site the chain finishes and its results
 equal an uninterrupted run's. Every file the chain leaves must be a listed site, so a new writer that bypasses
-``minimodel.atomic`` fails here. Also: ``report`` and ``export --out`` on a read-only file system (a real read-only
+``minimodel.store.atomic`` fails here. Also: ``report`` and ``export --out`` on a read-only file system (a real read-only
 tmpfs where mounting is allowed; a read-only mode bit when not root; else the error injected), a full disk in an
 export, and Ctrl-C during an evaluation."""
 
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from minimodel import atomic
 from minimodel.cli import main
-from minimodel.results import FIELDS, ResultsTable
+from minimodel.store import atomic
+from minimodel.store.results import FIELDS, ResultsTable
 from tests.conftest import ROOT, real_text
 
 pytestmark = pytest.mark.slow
@@ -85,7 +85,7 @@ SITES = (  # in an order in which each command, rerun after the fault at one, re
     Site("report", "runs/chain/report.md", "the report"),
 )
 
-PENDING: tuple = ()  # written outside minimodel.atomic (none left; a new one goes here until it switches)
+PENDING: tuple = ()  # written outside minimodel.store.atomic (none left; a new one goes here until it switches)
 
 
 def chain_config(root: Path, corpus: Path, task: Path) -> Path:
@@ -197,7 +197,7 @@ def test_a_full_disk_at_every_write_site_of_the_chain(tmp_path, inputs, referenc
             with fault(monkeypatch, str(tmp_path / site.file)) as hit:
                 rc = main([command, str(config), *extra, "--no-progress"])
             err = capsys.readouterr().err
-            assert hit, f"{site.file} ({site.what}) was never written by `{command}` through minimodel.atomic"
+            assert hit, f"{site.file} ({site.what}) was never written by `{command}` through minimodel.store.atomic"
             assert rc == 2, (site, err)
             assert (f"[minimodel] {command}: error: writing {hit[0]}: no space left on device (" in err
                     and " bytes needed, " in err and " free on " in err), (site, err)
@@ -214,7 +214,7 @@ def test_a_full_disk_at_every_write_site_of_the_chain(tmp_path, inputs, referenc
     unknown = [f for f in left if not any(fnmatch(f, s.file) for s in every)]
     assert not unknown, f"files written by the chain that no write site lists (add them to SITES): {unknown}"
     converted = [s.file for s in PENDING if any(fnmatch(f, s.file) for f in written)]
-    assert not converted, f"now written through minimodel.atomic: move them from PENDING to SITES: {converted}"
+    assert not converted, f"now written through minimodel.store.atomic: move them from PENDING to SITES: {converted}"
     print(f"\n{len(SITES)} write sites faulted (ENOSPC); {len(PENDING)} pending (not yet through atomic)")
 
 

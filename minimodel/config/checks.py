@@ -26,7 +26,7 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
     if cfg.adapt.tag and not re.fullmatch(r"[A-Za-z0-9_-]+", cfg.adapt.tag):
         fail(f"adapt.tag={cfg.adapt.tag!r}: use letters, digits, '-' and '_' (it names run directories)")
     _validate_sizes(cfg, fail)
-    from minimodel.families import check_model
+    from minimodel.models.families import check_model
 
     check_model(cfg, fail)
     if not 0.0 < cfg.data.mask_prob < 1.0:
@@ -298,7 +298,7 @@ def _validate_tasks(cfg: ExperimentConfig, fail: Any) -> None:
 
 def check_task_fits(cfg: ExperimentConfig, task: str) -> None:
     """Called where a task is featurised: its inputs must fit the model's positions."""
-    from minimodel.families import max_tokens, of
+    from minimodel.models.families import max_tokens, of
 
     offset = f" - {of(cfg.model).position_offset}" if of(cfg.model).position_offset else ""
     if cfg.tasks[task].max_len > max_tokens(cfg.model):

@@ -23,10 +23,10 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
-from minimodel import atomic
 from minimodel.config.checks import validate
 from minimodel.config.schema import ExperimentConfig, ModelConfig
 from minimodel.errors import ConfigError
+from minimodel.store import atomic
 
 
 def find_conf_dir(config_file: Path) -> Path:

@@ -31,7 +31,7 @@ class ModelConfig:
     pad_id: int = 1
     mini_heads: list[int] = field(default_factory=list)  # depths of secondary MLM heads
     init_std: float = 0.02
-    # the model family (minimodel/families.py): encoder (RoBERTa, masked LM) | decoder (causal LM). The options below
+    # the model family (minimodel/models/families.py): encoder (RoBERTa, masked LM) | decoder (causal LM). The options below
     # are the decoder's; the encoder takes their defaults only (checked at load time, ``families.check_model``)
     family: str = "encoder"
     norm: str = "layernorm"  # layernorm | rmsnorm (decoder)
@@ -375,7 +375,7 @@ class ReportConfig:
 
 @dataclass
 class CpuConfig:
-    """The CPU threads of each stage's torch operations (minimodel/threads.py; not part of what a run produces)."""
+    """The CPU threads of each stage's torch operations (minimodel/cluster/threads.py; not part of what a run produces)."""
 
     # intra-op threads; 0 = OMP_NUM_THREADS where the environment sets it, else chosen from the CPUs this process may
     # use less those other work keeps busy when the stage starts, shared among side_by_side processes

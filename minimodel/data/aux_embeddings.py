@@ -34,12 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-from minimodel import atomic
 from minimodel.config.schema import ExperimentConfig
 from minimodel.data.shards import TokenStream, check_blocks, train_blocks
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError, WriteError
 from minimodel.log import get_logger
+from minimodel.store import atomic
 
 log = get_logger(__name__)
 

@@ -15,14 +15,14 @@ from torch import nn
 from minimodel.data.task_features import decode_spans, pad_collate
 from minimodel.data.tasks import TaskData
 from minimodel.metrics import MLQA_ARTICLES, classification_scores, mlqa_scores, squad_scores
-from minimodel.model import RobertaMLM
+from minimodel.models.model import RobertaMLM
 from minimodel.training.device import autocast_dtype
 
 
 def task_head(task: TaskData, hidden: int, dropout: float, pooling: str = "first") -> nn.Module:
     """The task's head: spans for QA, else a classification head reading the token ``pooling`` names (the model
     family's: ``families.ModelFamily.pooling``)."""
-    from minimodel.model import ClassificationHead, SpanHead
+    from minimodel.models.model import ClassificationHead, SpanHead
 
     return SpanHead(hidden) if task.is_qa else ClassificationHead(hidden, len(task.labels), dropout, pooling)
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from minimodel import atomic
 from minimodel.data.corpus import CountingReader, RawChunk, Undecodable, iter_raw_chunks, parse_documents
 from minimodel.data.shards import (
     ShardError,
@@ -33,6 +32,7 @@ from minimodel.data.shards import (
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import UserError
 from minimodel.log import Progress, get_logger
+from minimodel.store import atomic
 
 log = get_logger(__name__)
 

@@ -37,7 +37,7 @@ from minimodel.data.order import FeistelPermutation
 from minimodel.data.shards import ShardError, TokenStream, check_blocks, train_blocks
 from minimodel.data.tokenizer import SENTENCEPIECE_SPECIALS, SpecialTokens
 from minimodel.log import get_logger
-from minimodel.model import IGNORE_INDEX
+from minimodel.models.model import IGNORE_INDEX
 from minimodel.training.device import pin_memory
 
 if TYPE_CHECKING:
@@ -240,7 +240,7 @@ def mlm_datamodule(cfg: ExperimentConfig, lang: str, optim: OptimConfig, seed: i
     """The MLM data of ``lang`` as the experiment prepared it, encoded by ``tok`` (training on the first
     ``train_fraction`` of its training blocks); a causal LM's (``families.causal``) labels are the next tokens."""
     from minimodel.data.prepare import prepared_paths
-    from minimodel.families import causal
+    from minimodel.models.families import causal
 
     d = cfg.data
     return MLMDataModule(prepared_paths(cfg, lang).shards, d.seq_len, d.mask_prob, tok.vocab_size,

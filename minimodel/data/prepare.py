@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from minimodel import atomic, signals
+from minimodel import signals
 from minimodel.config.schema import ExperimentConfig
 from minimodel.data.corpus import check_text, find_corpus, iter_documents
 from minimodel.data.encode import encode_corpus, workers_for
@@ -22,10 +22,11 @@ from minimodel.data.spm_sample import SAMPLE_FILE
 from minimodel.data.spm_training import train_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError
 from minimodel.errors import UserError
-from minimodel.families import causal
-from minimodel.layout import Prepared, prepared
-from minimodel.locks import exclusive
 from minimodel.log import get_logger
+from minimodel.models.families import causal
+from minimodel.store import atomic
+from minimodel.store.layout import Prepared, prepared
+from minimodel.store.locks import exclusive
 from minimodel.systems import source_tokenizer
 
 log = get_logger(__name__)

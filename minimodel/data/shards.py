@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minimodel import atomic
 from minimodel.errors import UserError
+from minimodel.store import atomic
 
 MANIFEST = "manifest.json"
 

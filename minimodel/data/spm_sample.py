@@ -9,9 +9,9 @@ import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from minimodel import atomic
 from minimodel.data.corpus import CorpusError, Undecodable, decoded_lines, iter_raw_chunks
 from minimodel.log import get_logger
+from minimodel.store import atomic
 
 log = get_logger(__name__)
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import sentencepiece as spm
 
-from minimodel import atomic
 from minimodel.data.spm_sample import MAX_SENTENCE_BYTES, SAMPLE_FILE, _read_sample, _sample_key, tokenizer_sample
 from minimodel.data.tokenizer import BOS, EOS, PAD, SPECIALS, UNK, Tokenizer, TokenizerError
 from minimodel.log import get_logger
+from minimodel.store import atomic
 
 log = get_logger(__name__)
 

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minimodel import atomic
 from minimodel.config.schema import TaskConfig
 from minimodel.data.hub_tasks import get_task, load_task_split
 from minimodel.data.task_features import encode_classification, encode_qa, feature_rows
 from minimodel.data.task_files import LocalClassificationTask, find_split_file, has_split
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import TaskDataError
+from minimodel.store import atomic
 from minimodel.task_metrics import CHANCE, chance_scores, majority_scores, metrics_of
 
 

@@ -21,9 +21,9 @@ from typing import Any, Protocol
 
 import sentencepiece as spm
 
-from minimodel import atomic
 from minimodel.errors import UserError
-from minimodel.gguf import hf_source
+from minimodel.models.gguf import hf_source
+from minimodel.store import atomic
 
 # fairseq / RoBERTa order for the first four; <mask> right after them.
 BOS, PAD, EOS, UNK, MASK = 0, 1, 2, 3, 4

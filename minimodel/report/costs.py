@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from minimodel import systems
 from minimodel.config.schema import ExperimentConfig
-from minimodel.families import predicted_share
 from minimodel.flops import LayerShape, adapt_flops, bridge_flops, pretrain_flops, v100_days
+from minimodel.models.families import predicted_share
 
 
 def cost_rows(cfg: ExperimentConfig) -> list[dict]:

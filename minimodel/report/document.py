@@ -8,8 +8,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from minimodel import atomic
-from minimodel.layout import Layout
 from minimodel.report.claims import claims_table
 from minimodel.report.figures import plot_curves
 from minimodel.report.formatting import (
@@ -41,8 +39,10 @@ from minimodel.report.tables import (
     table_time,
 )
 from minimodel.report.verdicts import task_verdicts, verdict_section
-from minimodel.truncation import read_dir as read_truncation
-from minimodel.truncation import report_section
+from minimodel.store import atomic
+from minimodel.store.layout import Layout
+from minimodel.store.truncation import read_dir as read_truncation
+from minimodel.store.truncation import report_section
 
 DEV_NOTE = (": the target-language dev sets, for choosing settings; the results are the test split's, in "
             "report.md")

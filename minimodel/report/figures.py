@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 from statistics import fmean as mean
 
-from minimodel import atomic
 from minimodel.report.curves import mean_curve
 from minimodel.report.reading import NEAR_MAX, REFERENCE, Results
 from minimodel.report.statistics import stat
+from minimodel.store import atomic
 
 
 def average_curve(res: Results, system: str, task: str) -> list[tuple[float, float]]:

@@ -12,10 +12,10 @@ from statistics import fmean as mean
 
 from minimodel import systems
 from minimodel.config.schema import pooled_label
-from minimodel.layout import Layout
 from minimodel.report.curves import Point, mean_curve, time_to_target, uninformative_target
 from minimodel.report.statistics import Seeds, Stat, stat
-from minimodel.results import ResultsTable
+from minimodel.store.layout import Layout
+from minimodel.store.results import ResultsTable
 from minimodel.task_metrics import CHANCE
 
 REFERENCE = systems.REFERENCE  # BL_BASE: standard adaptation of the 12-layer model, the reference of every speedup

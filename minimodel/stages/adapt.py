@@ -17,26 +17,16 @@ from pathlib import Path
 
 import torch
 
-from minimodel import atomic
-from minimodel.checkpoints import Adaptation, CheckpointError, TrainingMeta, load_trained_model
 from minimodel.config.schema import PRIMARY, ExperimentConfig
 from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_prepared_tokenizer, load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError
-from minimodel.families import predicted_share
 from minimodel.flops import FlopSchedule, LayerShape, adapt_flops, v100_days
-from minimodel.layout import (
-    ADAPT_INFO,
-    adaptation_checkpoint,
-    adaptation_checkpoints,
-    is_done,
-    last_checkpoint,
-)
 from minimodel.log import get_logger, process_rank
-from minimodel.model import RobertaMLM
-from minimodel.provenance import producers
-from minimodel.surgery import (
+from minimodel.models.families import predicted_share
+from minimodel.models.model import RobertaMLM
+from minimodel.models.surgery import (
     adaptation_state,
     adaptation_trainable,
     extract_mini,
@@ -48,6 +38,16 @@ from minimodel.surgery import (
     swap_embeddings,
     tie_biases,
 )
+from minimodel.store import atomic
+from minimodel.store.checkpoints import Adaptation, CheckpointError, TrainingMeta, load_trained_model
+from minimodel.store.layout import (
+    ADAPT_INFO,
+    adaptation_checkpoint,
+    adaptation_checkpoints,
+    is_done,
+    last_checkpoint,
+)
+from minimodel.store.provenance import producers
 from minimodel.systems import Body, Phase, adapt_depth, adapt_phases, mini_head, of, runs
 from minimodel.training.mlm import MLMModule
 from minimodel.training.runner import Runner, Stage, StageResult, Training
@@ -164,7 +164,7 @@ def random_initial(cfg: ExperimentConfig, x: Inputs, head: str) -> Initial:
 def focus_initial(cfg: ExperimentConfig, x: Inputs, head: str) -> Initial:
     """FOCUS (``focus.py``) over auxiliary fastText vectors trained on step 2's text (``data.aux_embeddings``)."""
     from minimodel.data.aux_embeddings import AuxSettings, aux_embeddings
-    from minimodel.focus import focus_init
+    from minimodel.models.focus import focus_init
 
     f, lang = cfg.adapt.focus, cfg.lang
     aux = aux_embeddings(cfg, lang, x.target_tok, AuxSettings(f.dim, f.epochs, f.min_count, f.threads))

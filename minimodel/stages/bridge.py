@@ -7,20 +7,20 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from minimodel.checkpoints import CheckpointError, TrainingMeta, load_trained_model
 from minimodel.config.schema import ExperimentConfig, is_hf_source
 from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError
-from minimodel.families import DEFAULT as DEFAULT_FAMILY
-from minimodel.families import hf_module, predicted_share
 from minimodel.flops import LayerShape, bridge_flops
-from minimodel.layout import is_done
 from minimodel.log import get_logger
-from minimodel.model import RobertaMLM
-from minimodel.provenance import producers
-from minimodel.surgery import bridge_trainable, build_minipost, primary_only, trainable_parameters
+from minimodel.models.families import DEFAULT as DEFAULT_FAMILY
+from minimodel.models.families import hf_module, predicted_share
+from minimodel.models.model import RobertaMLM
+from minimodel.models.surgery import bridge_trainable, build_minipost, primary_only, trainable_parameters
+from minimodel.store.checkpoints import CheckpointError, TrainingMeta, load_trained_model
+from minimodel.store.layout import is_done
+from minimodel.store.provenance import producers
 from minimodel.systems import of, runs
 from minimodel.training.mlm import MLMModule
 from minimodel.training.runner import Runner, Stage, StageResult, Training

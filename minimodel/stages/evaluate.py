@@ -19,8 +19,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from minimodel import atomic, signals
-from minimodel.checkpoints import Adaptation, CheckpointError, Finetuned, load_adaptation, load_finetuned
+from minimodel import signals
 from minimodel.config.schema import ExperimentConfig
 from minimodel.data.downstream import predict, prediction_rows, score
 from minimodel.data.prepare import load_prepared_tokenizer
@@ -28,16 +27,20 @@ from minimodel.data.task_files import has_split
 from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError, TaskDataError
-from minimodel.families import of as family_of
-from minimodel.layout import (
+from minimodel.log import PROGRESS_EVERY_S, bar_wanted, get_logger
+from minimodel.models.families import of as family_of
+from minimodel.models.surgery import PlugError, plug_embeddings
+from minimodel.stages.perplexity import Perplexity
+from minimodel.store import atomic
+from minimodel.store.checkpoints import Adaptation, CheckpointError, Finetuned, load_adaptation, load_finetuned
+from minimodel.store.layout import (
     adaptation_checkpoints,
     checkpoint_step,
     finetuned_model,
     read_done,
 )
-from minimodel.locks import exclusive
-from minimodel.log import PROGRESS_EVERY_S, bar_wanted, get_logger
-from minimodel.provenance import (
+from minimodel.store.locks import exclusive
+from minimodel.store.provenance import (
     check_inputs,
     check_producer,
     data_identity,
@@ -46,14 +49,12 @@ from minimodel.provenance import (
     run_identity,
     stale_rows,
 )
-from minimodel.results import KEY, ResultsTable
-from minimodel.stages.perplexity import Perplexity
-from minimodel.surgery import PlugError, plug_embeddings
+from minimodel.store.results import KEY, ResultsTable
+from minimodel.store.truncation import Truncation, say
+from minimodel.store.truncation import write as write_truncation
+from minimodel.store.wandb_results import ResultsLogger
 from minimodel.systems import Runs, of, runs
 from minimodel.training.device import cuda_in_use
-from minimodel.truncation import Truncation, say
-from minimodel.truncation import write as write_truncation
-from minimodel.wandb_results import ResultsLogger
 
 log = get_logger(__name__)
 

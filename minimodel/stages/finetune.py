@@ -24,8 +24,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torchmetrics.classification import MulticlassAccuracy
 
-from minimodel import atomic
-from minimodel.checkpoints import CheckpointError, Finetuned, TrainingMeta, load_trained_model
 from minimodel.config.checks import check_task_fits
 from minimodel.config.schema import ExperimentConfig, OptimConfig
 from minimodel.data.downstream import evaluate, task_head
@@ -35,16 +33,18 @@ from minimodel.data.task_features import pad_collate
 from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import PAD, AnyTokenizer
 from minimodel.errors import ConfigError, TaskDataError
-from minimodel.families import of as family_of
-from minimodel.layout import finetuned_model, is_done, read_done
 from minimodel.log import get_logger
-from minimodel.model import RobertaMLM
-from minimodel.provenance import producers
-from minimodel.surgery import extract_mini, freeze_all_but, primary_only
+from minimodel.models.families import of as family_of
+from minimodel.models.model import RobertaMLM
+from minimodel.models.surgery import extract_mini, freeze_all_but, primary_only
+from minimodel.store import atomic
+from minimodel.store.checkpoints import CheckpointError, Finetuned, TrainingMeta, load_trained_model
+from minimodel.store.layout import finetuned_model, is_done, read_done
+from minimodel.store.provenance import producers
+from minimodel.store.truncation import Truncation, say
 from minimodel.systems import adapt_depth, external_primary, mini_head, runs
 from minimodel.training.optim import UpdateGuard, lightning_optim
 from minimodel.training.runner import Outcome, Runner, Stage, StageResult, Training
-from minimodel.truncation import Truncation, say
 
 log = get_logger(__name__)
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from minimodel.checkpoints import Adaptation
 from minimodel.config.schema import ExperimentConfig
 from minimodel.data.tokenizer import AnyTokenizer
-from minimodel.model import IGNORE_INDEX
-from minimodel.surgery import plug_embeddings
+from minimodel.models.model import IGNORE_INDEX
+from minimodel.models.surgery import plug_embeddings
+from minimodel.store.checkpoints import Adaptation
 from minimodel.systems import Runs
 
 

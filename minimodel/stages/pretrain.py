@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from minimodel.checkpoints import TrainingMeta
 from minimodel.config.schema import ExperimentConfig
 from minimodel.data.mlm import mlm_datamodule
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError
-from minimodel.families import build as build_model
-from minimodel.families import predicted_share
 from minimodel.flops import LayerShape, pretrain_flops
+from minimodel.models.families import build as build_model
+from minimodel.models.families import predicted_share
+from minimodel.store.checkpoints import TrainingMeta
 from minimodel.systems import external_primary, of, runs
 from minimodel.training.mlm import MLMModule
 from minimodel.training.runner import Runner, Stage, StageResult, Training

@@ -16,12 +16,12 @@ from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from minimodel import signals
-from minimodel.atomic import link_or_copy
-from minimodel.checkpoints import rng_state, set_rng_state
 from minimodel.errors import REQUEUE_EXIT
 from minimodel.flops import FlopSchedule, v100_days
-from minimodel.layout import LAST
 from minimodel.log import PREFIX, PROGRESS_EVERY_S, clock_time, get_logger
+from minimodel.store.atomic import link_or_copy
+from minimodel.store.checkpoints import rng_state, set_rng_state
+from minimodel.store.layout import LAST
 
 log = get_logger(__name__)
 

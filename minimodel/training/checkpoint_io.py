@@ -8,8 +8,8 @@ from typing import Any
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from minimodel import atomic
-from minimodel.checkpoints import load_checkpoint
+from minimodel.store import atomic
+from minimodel.store.checkpoints import load_checkpoint
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -93,8 +93,8 @@ def compile_layers(model: nn.Module) -> int:
     parameters, their names and the checkpoints stay as they are); returns how many. Per layer, not the whole
     model: the layers are identical, so one compiled graph serves all of them and a stage that runs only the
     bottom layers (step 2 over a mini-model) compiles only those."""
-    from minimodel.decoder import Layer as DecoderLayer
-    from minimodel.model import Layer
+    from minimodel.models.decoder import Layer as DecoderLayer
+    from minimodel.models.model import Layer
 
     layers = [m for m in model.modules() if isinstance(m, (Layer, DecoderLayer))]
     for layer in layers:

@@ -13,10 +13,10 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter as _CSVWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
-from minimodel import atomic
 from minimodel.config.schema import ExperimentConfig
-from minimodel.layout import METRICS
-from minimodel.wandb_results import wandb_mode
+from minimodel.store import atomic
+from minimodel.store.layout import METRICS
+from minimodel.store.wandb_results import wandb_mode
 
 
 def wandb_run_id(run_dir: Path) -> str:

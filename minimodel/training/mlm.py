@@ -15,11 +15,11 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
-from minimodel.checkpoints import TrainingMeta
 from minimodel.config.schema import OptimConfig
 from minimodel.flops import FlopSchedule
 from minimodel.log import get_logger
-from minimodel.model import IGNORE_INDEX, PRIMARY, RobertaMLM
+from minimodel.models.model import IGNORE_INDEX, PRIMARY, RobertaMLM
+from minimodel.store.checkpoints import TrainingMeta
 from minimodel.training.optim import UpdateGuard, lightning_optim
 
 log = get_logger(__name__)

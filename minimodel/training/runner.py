@@ -21,14 +21,15 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from minimodel import atomic
-from minimodel.checkpoints import CheckpointError, load_checkpoint
 from minimodel.config.load import save_config
 from minimodel.config.schema import ExperimentConfig, OptimConfig, TrainerConfig
 from minimodel.errors import ConfigError
 from minimodel.flops import FlopSchedule
-from minimodel.identity import check_finished
-from minimodel.layout import (
+from minimodel.log import bar_wanted, get_logger, process_rank, quiet_lightning
+from minimodel.store import atomic
+from minimodel.store.checkpoints import CheckpointError, load_checkpoint
+from minimodel.store.identity import check_finished
+from minimodel.store.layout import (
     CONFIG,
     DONE,
     Layout,
@@ -38,9 +39,8 @@ from minimodel.layout import (
     read_done,
     write_done,
 )
-from minimodel.locks import exclusive
-from minimodel.log import bar_wanted, get_logger, process_rank, quiet_lightning
-from minimodel.provenance import (
+from minimodel.store.locks import exclusive
+from minimodel.store.provenance import (
     check_inputs,
     check_producer,
     identity,
@@ -206,7 +206,7 @@ def clear_leftovers(run_dir: Path, step: int) -> None:
     """Before a run starts (``step`` 0) or resumes from an earlier checkpoint than its newest files (``step``):
     what an earlier attempt wrote after ``step`` (adaptation checkpoints, step checkpoints, metrics rows) would
     otherwise join this run's curve. They are removed, said in the log; the run writes them again."""
-    from minimodel.layout import adaptation_checkpoints, checkpoint_step
+    from minimodel.store.layout import adaptation_checkpoints, checkpoint_step
 
     stale = [p for p in adaptation_checkpoints(run_dir) if checkpoint_step(p) > step]
     stale += [p for p in checkpoints(run_dir).glob("step*.ckpt") if checkpoint_step(p) > step]

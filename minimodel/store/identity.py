@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from minimodel.config.load import value_problem
 from minimodel.config.schema import ExperimentConfig, TaskConfig
 from minimodel.errors import ConfigError
-from minimodel.layout import CONFIG
+from minimodel.store.layout import CONFIG
 
 _DATA_READ = ("data.prepared_dir", "data.vocab_size", "data.source_tokenizer")  # tokenizers and shards a stage reads
 _MLM_DATA = (*_DATA_READ, "data.seq_len", "data.mask_prob", "data.val_blocks")

@@ -23,8 +23,8 @@ languages run in parallel as far as the cluster allows. A sweep's variants share
 (they read the same ``data.prepared_dir``; `pipeline.plan` refuses variants that would prepare a language there
 with other data settings, and gives one that prepares it elsewhere a job of its own).
 
-Cluster resources come from launcher files (``minimodel.launcher``) and each step's batch script is written by
-``minimodel.sbatch``. A resubmission leaves out the finished steps (``finished_steps``) and is refused while jobs of
+Cluster resources come from launcher files (``minimodel.cluster.launcher``) and each step's batch script is written by
+``minimodel.cluster.sbatch``. A resubmission leaves out the finished steps (``finished_steps``) and is refused while jobs of
 the experiment are queued or running.
 """
 
@@ -35,15 +35,15 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from minimodel import atomic
+from minimodel.cluster.launcher import LauncherConfig, batch_problems, launcher_path, load_launcher, memory_warnings
+from minimodel.cluster.sbatch import SubmitError, safe_name, sbatch_script
 from minimodel.config.schema import ExperimentConfig
 from minimodel.errors import ConfigError
 from minimodel.experiment import load_experiment
-from minimodel.launcher import LauncherConfig, batch_problems, launcher_path, load_launcher, memory_warnings
-from minimodel.layout import Layout
 from minimodel.log import get_logger
 from minimodel.pipeline import Step, plan
-from minimodel.sbatch import SubmitError, safe_name, sbatch_script
+from minimodel.store import atomic
+from minimodel.store.layout import Layout
 
 log = get_logger(__name__)
 
@@ -62,9 +62,9 @@ def finished_steps(config: str, steps: list[Step]) -> frozenset[str]:
     steps whose language's ``{prepared_dir}/{lang}/done.json`` records the current data settings: a resubmission
     leaves them out (their dependants do not wait on them)."""
     from minimodel.data.prepare import is_prepared
-    from minimodel.identity import check_finished
-    from minimodel.layout import is_done
-    from minimodel.provenance import recorded_inputs, stale_inputs
+    from minimodel.store.identity import check_finished
+    from minimodel.store.layout import is_done
+    from minimodel.store.provenance import recorded_inputs, stale_inputs
 
     out = set()
     for step in steps:

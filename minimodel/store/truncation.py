@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from minimodel import atomic
 from minimodel.log import get_logger
+from minimodel.store import atomic
 
 log = get_logger(__name__)
 

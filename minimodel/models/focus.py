@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from minimodel.surgery import overlap_init
+from minimodel.models.surgery import overlap_init
 
 CHUNK = 512  # new pieces scored at once: a (CHUNK, overlapping pieces) similarity matrix
 MIX = 64  # support columns mixed at once: a (CHUNK, MIX, hidden) gather

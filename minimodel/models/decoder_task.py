@@ -61,9 +61,9 @@ def task_to_hf(body: Any, head: nn.Module, labels: list[str], qa: bool, path: st
     docstring; a question-answering model (``qa``) is refused (``ConfigError``)."""
     from safetensors.torch import save
 
-    from minimodel import atomic
     from minimodel.errors import ConfigError
-    from minimodel.families import hf_module
+    from minimodel.models.families import hf_module
+    from minimodel.store import atomic
 
     if qa:
         raise ConfigError("export task=...: a question-answering decoder (model.family=decoder, span head) has no "
@@ -81,7 +81,7 @@ def task_to_hf(body: Any, head: nn.Module, labels: list[str], qa: bool, path: st
     atomic.write_json(out / HEAD_CONFIG, {
         "format": FORMAT, "labels": [str(x) for x in labels], "pooling": "last", "padding": "right",
         "hidden": hidden, "num_labels": num_labels, "head": "out(tanh(dense(h[last real token])))",
-        "loader": "minimodel.decoder_task.load_task_model"}, indent=2)
+        "loader": "minimodel.models.decoder_task.load_task_model"}, indent=2)
 
 
 def load_task_model(path: str | Path, **from_pretrained: Any) -> DecoderClassifier:

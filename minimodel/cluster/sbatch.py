@@ -26,10 +26,10 @@ import re
 import shlex
 from pathlib import Path
 
+from minimodel.cluster.launcher import TRAINER_STAGES, LauncherConfig
 from minimodel.errors import REQUEUE_EXIT, UserError
-from minimodel.launcher import TRAINER_STAGES, LauncherConfig
-from minimodel.layout import Layout
 from minimodel.pipeline import Step
+from minimodel.store.layout import Layout
 
 
 class SubmitError(UserError, RuntimeError):

@@ -180,8 +180,7 @@ def write_done(run_dir: Path, info: dict) -> None:
 
 
 def _write_json(path: Path, info: dict) -> None:
-    from minimodel import atomic
-
+    from minimodel.store import atomic
     atomic.write_json(path, info, default=str)
 
 

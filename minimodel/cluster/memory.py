@@ -47,10 +47,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from minimodel import families
 from minimodel.config.schema import ExperimentConfig, ModelConfig
 from minimodel.errors import ConfigError
-from minimodel.families import predicted_rows
+from minimodel.models import families
+from minimodel.models.families import predicted_rows
 from minimodel.systems import Body, adapt_depth, adapt_phases, external_primary, of
 
 GiB = 2**30

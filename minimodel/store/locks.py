@@ -19,9 +19,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from minimodel import atomic
 from minimodel.errors import UserError
 from minimodel.log import get_logger, process_rank
+from minimodel.store import atomic
 
 log = get_logger(__name__)
 LOCK = ".lock"

@@ -1,4 +1,4 @@
-"""Measure what the memory plan (``minimodel.memory``) predicts: the peak memory of a training update of a
+"""Measure what the memory plan (``minimodel.cluster.memory``) predicts: the peak memory of a training update of a
 stage's real model, built from an experiment config with random weights as the stage builds it (the same
 surgery and freezing), at the configured micro-batch, sequence length and precision.
 
@@ -26,13 +26,13 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from minimodel.cluster.memory import is_qa
 from minimodel.config.schema import PRIMARY, ExperimentConfig
 from minimodel.data.tokenizer import BOS, MASK
-from minimodel.families import build, causal
-from minimodel.families import of as family_of
-from minimodel.memory import is_qa
-from minimodel.model import IGNORE_INDEX, ClassificationHead, SpanHead
-from minimodel.surgery import (
+from minimodel.models.families import build, causal
+from minimodel.models.families import of as family_of
+from minimodel.models.model import IGNORE_INDEX, ClassificationHead, SpanHead
+from minimodel.models.surgery import (
     adaptation_trainable,
     build_minipost,
     extract_mini,

@@ -16,9 +16,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-from minimodel import atomic
 from minimodel.errors import UserError
 from minimodel.log import get_logger
+from minimodel.store import atomic
 
 log = get_logger(__name__)
 

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minimodel.config.schema import PRIMARY, ModelConfig
-from minimodel.model import head_losses
+from minimodel.models.model import head_losses
 
 
 def norm(cfg: ModelConfig) -> nn.Module:

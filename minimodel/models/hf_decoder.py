@@ -50,12 +50,12 @@ import torch
 from torch import Tensor
 
 from minimodel.config.schema import PRIMARY, ModelConfig
-from minimodel.decoder import DecoderLM
-from minimodel.decoder_task import task_to_hf  # noqa: F401  (minimodel export task=T: the family's task export)
 from minimodel.errors import CheckpointError
-from minimodel.gguf import gguf_summary, hf_source
-from minimodel.hf import _not_plain_data, _transformers, _weights, check_weights
 from minimodel.log import get_logger
+from minimodel.models.decoder import DecoderLM
+from minimodel.models.decoder_task import task_to_hf  # noqa: F401  (minimodel export task=T: the family's task export)
+from minimodel.models.gguf import gguf_summary, hf_source
+from minimodel.models.hf import _not_plain_data, _transformers, _weights, check_weights
 
 log = get_logger(__name__)
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}

@@ -1,5 +1,5 @@
 """Launcher files: the cluster resources of `minimodel submit`'s jobs, and the memory plan on their GPUs (the
-estimates of ``minimodel.memory`` per stage, what fits the card, and what the jobs would refuse).
+estimates of ``minimodel.cluster.memory`` per stage, what fits the card, and what the jobs would refuse).
 
 Cluster resources live in launcher files, apart from the hyperparameters: ``conf/launcher/{name}.yaml``
 (``local``, ``v100``, ``a100``, ``h100``; or any YAML given by path) sets the partition, account, QoS,
@@ -13,11 +13,7 @@ import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from minimodel.config.load import find_conf_dir, load_structured
-from minimodel.config.schema import ExperimentConfig
-from minimodel.errors import ConfigError
-from minimodel.experiment import load_experiment
-from minimodel.memory import (
+from minimodel.cluster.memory import (
     CONTEXT_GIB,
     FRAGMENTATION,
     GiB,
@@ -27,6 +23,10 @@ from minimodel.memory import (
     micro_batches,
     stage_models,
 )
+from minimodel.config.load import find_conf_dir, load_structured
+from minimodel.config.schema import ExperimentConfig
+from minimodel.errors import ConfigError
+from minimodel.experiment import load_experiment
 from minimodel.pipeline import variants
 
 TRAINING_STAGES = ("pretrain", "bridge", "adapt")  # may span several GPUs / nodes (srun + DDP)
@@ -76,7 +76,7 @@ class LauncherConfig:
     trainer: list[str] = field(default_factory=list)  # key=value for {stage}.trainer of training/finetuning steps
     extra_sbatch: list[str] = field(default_factory=list)  # more #SBATCH options for every job, e.g. --mail-type=FAIL
     # the memory of one GPU in GiB, as torch reports it (torch.cuda.get_device_properties(0).total_memory / 2**30):
-    # `minimodel plan` and `submit` check each training stage's micro-batch against it (minimodel.memory); 0 = unknown
+    # `minimodel plan` and `submit` check each training stage's micro-batch against it (minimodel.cluster.memory); 0 = unknown
     gpu_memory_gib: float = 0.0
     stages: StageResources = field(default_factory=StageResources)
     source: str = field(default="", metadata={"omegaconf_ignore": True})  # the file it came from
@@ -153,7 +153,7 @@ def stage_gpus(lc: LauncherConfig) -> dict[str, int]:
 
 
 def memory_plan(config: str, overrides: list[str], lc: LauncherConfig) -> list[tuple[str, list[PlanRow]]]:
-    """The memory plan (``minimodel.memory``) of every variant of the experiment on the launcher's GPUs, with the
+    """The memory plan (``minimodel.cluster.memory``) of every variant of the experiment on the launcher's GPUs, with the
     launcher's trainer settings (e.g. precision=16-mixed) applied as its jobs apply them: (label, rows) pairs."""
     extra = [f"{stage}.trainer.{kv}" for stage in TRAINER_STAGES for kv in lc.trainer]
     return [(v.label, plan_rows(load_experiment(config, [*v.overrides, *extra]), stage_gpus(lc), lc.gpu_memory_gib))

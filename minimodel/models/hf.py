@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from minimodel.errors import CheckpointError
-from minimodel.model import PRIMARY, ModelConfig, RobertaMLM
+from minimodel.models.model import PRIMARY, ModelConfig, RobertaMLM
 
 SUPPORTED_MODEL_TYPES = ("roberta", "xlm-roberta")
 SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # read first: tensors only, no pickle
@@ -54,7 +54,7 @@ def _transformers() -> Any:
         import transformers
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "minimodel.hf needs Hugging Face transformers: pip install 'minimodel[hf]' (or pip install transformers)"
+            "minimodel.models.hf needs Hugging Face transformers: pip install 'minimodel[hf]' (or pip install transformers)"
         ) from e
     return transformers
 

@@ -69,12 +69,12 @@ class ModelFamily:
 
 
 REGISTRY: dict[str, ModelFamily] = {f.name: f for f in (
-    ModelFamily("encoder", "RoBERTa (masked LM)", "minimodel.model:RobertaMLM", Objective.MASKED,
-                position_offset=2, pooling="first", output_bias=True, hf="minimodel.hf", in_paper=True),
-    ModelFamily("decoder", "decoder-only (causal LM)", "minimodel.decoder:DecoderLM", Objective.CAUSAL,
+    ModelFamily("encoder", "RoBERTa (masked LM)", "minimodel.models.model:RobertaMLM", Objective.MASKED,
+                position_offset=2, pooling="first", output_bias=True, hf="minimodel.models.hf", in_paper=True),
+    ModelFamily("decoder", "decoder-only (causal LM)", "minimodel.models.decoder:DecoderLM", Objective.CAUSAL,
                 position_offset=0, pooling="last", output_bias=False, norms=("layernorm", "rmsnorm"),
                 positions=("learned", "rotary"), activations=("gelu", "gelu_tanh", "swiglu"), untied=True,
-                unbiased=True, llama=True, hf="minimodel.hf_decoder", cpu_fp32_attention=True, embedding_norm=False, head_dense=False, encode_norm=True),
+                unbiased=True, llama=True, hf="minimodel.models.hf_decoder", cpu_fp32_attention=True, embedding_norm=False, head_dense=False, encode_norm=True),
 )}
 DEFAULT = "encoder"
 

@@ -18,11 +18,11 @@ import torch
 from torch import Tensor, nn
 
 from minimodel.errors import UserError
-from minimodel.families import build
-from minimodel.model import PRIMARY, ModelConfig, RobertaMLM
+from minimodel.models.families import build
+from minimodel.models.model import PRIMARY, ModelConfig, RobertaMLM
 
 if TYPE_CHECKING:
-    from minimodel.checkpoints import Adaptation
+    from minimodel.store.checkpoints import Adaptation
 
 
 class PlugError(UserError, ValueError):

@@ -28,9 +28,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from minimodel import atomic
 from minimodel.errors import UserError
-from minimodel.layout import CONFIG, INPUTS, _write_json, read_done
+from minimodel.store import atomic
+from minimodel.store.layout import CONFIG, INPUTS, _write_json, read_done
 
 IDENTITY_FIELDS = {"adapt": "adapt_id", "finetune": "finetune_id", "data": "data_id"}
 """The result row's field that holds the identity of each kind of run it came from, and of the evaluation data it
@@ -65,7 +65,7 @@ def weights_digest(tensors: Mapping[str, Any]) -> str:
 def settings_of(cfg: Any, stage: str) -> dict[str, Any]:
     """The values of the keys that decide ``stage`` (``identity.stage_identity``) in ``cfg``, paths left out (a
     run moved with its directory is the same run)."""
-    from minimodel.identity import _PATHS, _flatten, stage_identity
+    from minimodel.store.identity import _PATHS, _flatten, stage_identity
 
     flat = _flatten(OmegaConf.to_container(OmegaConf.structured(cfg)))
     keys = stage_identity(stage)
@@ -169,7 +169,7 @@ def check_producer(cfg: Any, run_dir: Path, consumer: str) -> None:
     """The finished run ``run_dir`` ran with the settings this configuration expects of it (its stage's identity
     keys, from its ``config.yaml``); a ``ConfigError`` naming the keys otherwise. ``consumer`` says who reads it."""
     from minimodel.errors import ConfigError
-    from minimodel.identity import _PATHS, stage_changes
+    from minimodel.store.identity import _PATHS, stage_changes
 
     done = read_done(run_dir)
     path = run_dir / CONFIG

@@ -23,10 +23,10 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import torch
 
-from minimodel import atomic
 from minimodel.errors import CheckpointError
-from minimodel.families import build, of
-from minimodel.model import ClassificationHead, ModelConfig, RobertaMLM, SpanHead
+from minimodel.models.families import build, of
+from minimodel.models.model import ClassificationHead, ModelConfig, RobertaMLM, SpanHead
+from minimodel.store import atomic
 
 FORMAT = 2  # 1: before typed payloads (adaptation checkpoints wrote format 1, the others none)
 
