@@ -29,7 +29,7 @@ from minimodel.experiment import load_experiment
 from minimodel.flops import V100_FLOPS_PER_SECOND, layer_flops
 from minimodel.models.model import ClassificationHead, RobertaMLM
 from minimodel.report.costs import cost_rows
-from minimodel.systems import adapt_depth
+from minimodel.systems import stage_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("bl_base", "bl_small", "minijoint", "minipost")
@@ -115,7 +115,7 @@ def main() -> None:
         cfg = load_experiment(ROOT / "experiments" / f"{system}.yaml")
         for row in cost_rows(cfg):
             print(f"| {system} | {row['step']} | {row['v100_days']:,.2f} |")
-        print(f"| {system} | 2: depth of the adapted body | {adapt_depth(cfg)} layers |")
+        print(f"| {system} | 2: depth of the adapted body | {stage_plan(cfg, 'adapt').depth} layers |")
 
 
 if __name__ == "__main__":

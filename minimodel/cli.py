@@ -115,15 +115,16 @@ def variant_infos(config: str, overrides: list[str]) -> dict[str, Any]:
     """What every MiniJoint-like variant (a head of its own model) of the experiment is (``claims.VariantInfo``)."""
     from minimodel.pipeline import variants
     from minimodel.report.claims import VariantInfo
-    from minimodel.systems import Body, adapt_depth, of
+    from minimodel.systems import Body, stage_plan
 
     out: dict[str, Any] = {}
     for v in variants(config, overrides):  # keyed as reports name systems: pretraining seeds pooled
-        if of(v.cfg).body is not Body.HEAD:
+        plan = stage_plan(v.cfg, "adapt")
+        if plan.body is not Body.HEAD:
             continue
         seed = v.cfg.pretrain.trainer.seed
         out.setdefault(pooled_label(v.label, seed), VariantInfo(
-            depth=adapt_depth(v.cfg), pretraining=pooled_label(v.cfg.label, seed),
+            depth=plan.depth, pretraining=pooled_label(v.cfg.label, seed),
             multi_head=len(v.cfg.model.mini_heads) > 1, progressive=bool(v.cfg.adapt.schedule),
             forget=v.cfg.pretrain.forget_every > 0, data_fraction=v.cfg.adapt.data_fraction, init=v.cfg.adapt.init))
     return out

@@ -28,7 +28,7 @@ from minimodel.store import atomic
 from minimodel.store.checkpoints import Adaptation, CheckpointError, load_adaptation, load_finetuned
 from minimodel.store.layout import adaptation_checkpoints, checkpoint_step, finetuned_model
 from minimodel.store.provenance import check_producer, require_finished, run_identity
-from minimodel.systems import runs
+from minimodel.systems import stage_plan
 
 log = get_logger(__name__)
 
@@ -61,7 +61,7 @@ def adapted_embeddings(cfg: ExperimentConfig, step: int | None = None) -> Embedd
 
     if not cfg.lang:
         raise ConfigError("export needs lang=xx: the target language whose embeddings to export")
-    run = runs(cfg).adapt(cfg.lang)
+    run = stage_plan(cfg, "adapt").writes  # the adaptation run, read here
     require_finished(run, f"the adaptation of {cfg.lang}", f"minimodel adapt ... lang={cfg.lang}")
     check_producer(cfg, run, "export")
     found = {checkpoint_step(p): p for p in adaptation_checkpoints(run)}
@@ -140,7 +140,7 @@ def _write(cfg: ExperimentConfig, emb: Embeddings, out: Path, embeddings_only: b
         atomic.copy_file(tok.path, out / TOKENIZER)
         _write_provenance(out, emb, kind="embeddings")
         return "embeddings"
-    r = runs(cfg)
+    r = stage_plan(cfg, "finetune").runs
     if cfg.task:
         if not hasattr(hf, "task_to_hf"):
             raise ConfigError(f"export task={cfg.task}: a finetuned model of model.family={cfg.model.family} has no "

@@ -19,7 +19,7 @@ from minimodel.errors import ConfigError
 from minimodel.experiment import load_experiment
 from minimodel.log import get_logger
 from minimodel.store.layout import is_done, prepared
-from minimodel.systems import Runs, external_primary, of, runs, source_tokenizer
+from minimodel.systems import Runs, stage_plan
 
 log = get_logger(__name__)
 
@@ -40,7 +40,7 @@ class Step:
 class Variant:
     """One system run of the experiment (a sweep gives several)."""
 
-    label: str  # the system run's name in run directories and results (``systems.head_label``)
+    label: str  # the system run's name in run directories and results (``StagePlan.runs.label``)
     overrides: list[str]
     cfg: ExperimentConfig = field(repr=False)
     entry: str = ""  # the sweep entry it comes from ("" without a sweep)
@@ -61,7 +61,7 @@ def variants(config: str | Path, overrides: list[str]) -> list[Variant]:
         if not sweep:
             raise
     if base is not None and not sweep:
-        return [Variant(runs(base).label, list(overrides), base)]
+        return [Variant(stage_plan(base, "adapt").runs.label, list(overrides), base)]
     given = {_key(o): _value(o) for o in overrides if "=" in o}
     out, left_out = [], []
     for entry in sweep:
@@ -74,7 +74,7 @@ def variants(config: str | Path, overrides: list[str]) -> list[Variant]:
             continue
         extra = [*words, *overrides]  # the command line last: it wins
         cfg = load_experiment(config, extra)
-        out.append(Variant(runs(cfg).label, extra, cfg, entry))
+        out.append(Variant(stage_plan(cfg, "adapt").runs.label, extra, cfg, entry))
     if left_out:
         keys = sorted({_key(w) for e in left_out for w in shlex.split(e)} & set(given) & set(SELECTORS))
         log.info(f"{config}: the command line's {', '.join(f'{k}={given[k]}' for k in keys)} leaves out the sweep "
@@ -82,7 +82,7 @@ def variants(config: str | Path, overrides: list[str]) -> list[Variant]:
                                                                            "one run"))
     if not out:
         base = load_experiment(config, overrides)
-        return [Variant(runs(base).label, list(overrides), base)]
+        return [Variant(stage_plan(base, "adapt").runs.label, list(overrides), base)]
     labels = [v.label for v in out]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"{config}: two sweep entries give the same system run ({', '.join(labels)}): "
@@ -171,7 +171,7 @@ def prepare_steps(config: str, vs: list[Variant]) -> tuple[list[Step], dict[tupl
     wanted = [(v, v.cfg.source_lang) for v in vs] + [(v, lang) for v in vs for lang in v.cfg.target_langs]
     for v, lang in wanted:
         cfg = v.cfg
-        hf = source_tokenizer(cfg) if lang == cfg.source_lang else ""
+        hf = stage_plan(cfg, "prepare").tokenizer if lang == cfg.source_lang else ""
         place = prepared(cfg.data.prepared_dir, lang, hf).done.absolute()
         if place in by_place:
             step, first = by_place[place]
@@ -212,7 +212,8 @@ def plan(config: str | Path, overrides: list[str] | None = None, adapt_missing: 
     shared: dict[Path, str] = {}  # run dir -> the step that produces it (a system may reuse another's runs)
     for v in vs:
         cfg, o = v.cfg, v.overrides
-        system, r = of(cfg), runs(cfg)
+        sp = stage_plan(cfg, "pretrain")  # (the system's steps and runs: the same in every stage's plan)
+        system, r = sp.system, sp.runs
         p = "" if len(vs) == 1 else f"{v.label}:"
 
         def step(name: str, stage: str, args: list[str], after: list[str], distributed: bool = False,
@@ -223,7 +224,7 @@ def plan(config: str | Path, overrides: list[str] | None = None, adapt_missing: 
         def data(lang: str) -> str:
             return prepare_of[(v.label, lang)]
 
-        steps_of = system.steps(external_primary(cfg))
+        steps_of = sp.steps
         reused = bool(cfg.models_from)  # steps 1, 1b and 2 are another experiment's: finished, never rerun here
         missing = check_reused(config, o, cfg, r, "bridge" in steps_of, adapt_missing) if reused else []
         # the step that makes the primary model; none of this experiment's (an external model, or another

@@ -3,7 +3,8 @@
 A system says where its step-2 body comes from, which primary model its adapted embeddings plug
 into, which runs it shares with another system, and which steps it has; its costs follow from its
 steps (A1 for pretraining, A4 for MiniPost's bridge, A3 for adaptation over the step-2 body's
-depth). Stages, pipeline, evaluation, report and launcher ask this module, never ``cfg.system``.
+depth). For a configuration and a stage, ``stage_plan`` resolves all of it once into a ``StagePlan``: stages,
+pipeline, memory plan, cost table and command line read that, never ``cfg.system``.
 
 Adding a system: one ``System(...)`` entry in ``REGISTRY`` (see docs/architecture.md), plus stage
 code only for what is really new (a new ``Body`` kind needs a loader in ``stages/adapt.py``)."""
@@ -65,7 +66,7 @@ def get(name: str) -> System:
     return REGISTRY[name]
 
 
-def of(cfg: ExperimentConfig) -> System:
+def _of(cfg: ExperimentConfig) -> System:
     return get(cfg.system)
 
 
@@ -77,7 +78,7 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
 
     if cfg.system not in REGISTRY:
         fail(f"system must be one of {', '.join(REGISTRY)}, got {cfg.system!r}")
-    s = of(cfg)
+    s = _of(cfg)
     heads = cfg.model.mini_heads
     if s.mini_heads and len(heads) < s.mini_heads:
         fail(f"system {s.name} needs at least {s.mini_heads} secondary head(s) (model.mini_heads: [N, ...]), "
@@ -101,7 +102,7 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
              f"{PRIMARY!r}); heads after lower layers are for {', '.join(n for n, x in REGISTRY.items() if x.body is Body.HEAD)}")
     if s.bridge and not 1 <= cfg.bridge.depth < cfg.model.layers:
         fail(f"bridge.depth must be in 1..{cfg.model.layers - 1}, got {cfg.bridge.depth}")
-    if cfg.model.vocab_size != cfg.data.vocab_size and not source_tokenizer(cfg):
+    if cfg.model.vocab_size != cfg.data.vocab_size and not _source_tokenizer(cfg):
         # (with a Hugging Face source tokenizer the model's vocabulary is that tokenizer's, checked when loaded)
         fail(f"model.vocab_size ({cfg.model.vocab_size}) must equal data.vocab_size ({cfg.data.vocab_size})")
     if cfg.body == "mini" and not s.mini_finetune:
@@ -134,7 +135,7 @@ def _validate_schedule(cfg: ExperimentConfig, s: System, fail: Callable[[str], N
         if phase.until <= 0 or (phase.until > 1 and phase.until != int(phase.until)):
             fail(f"{where}.until={phase.until}: a fraction of adapt.optim.updates in (0, 1] or a whole number of "
                  f"updates (0 only on the last phase: to the end)")
-        ends.append(phase_end(phase.until, updates))
+        ends.append(_phase_end(phase.until, updates))
         if not (ends[-2] if len(ends) > 1 else 0) < ends[-1] <= updates:
             fail(f"{where}.until={phase.until} ends at update {ends[-1]}: phases must end after the previous one "
                  f"and at most at adapt.optim.updates ({updates})")
@@ -153,78 +154,73 @@ class Phase:
     end: int
 
 
-def phase_end(until: float, updates: int) -> int:
+def _phase_end(until: float, updates: int) -> int:
     """The update a phase ends at: ``until`` as a fraction of ``updates`` when <= 1, else an update count."""
     return round(until * updates) if until <= 1 else int(until)
 
 
-def adapt_phases(cfg: ExperimentConfig) -> list[Phase]:
-    """Step 2's phases: those of ``adapt.schedule`` (progressive adaptation), else one over ``adapt_head``."""
+def _adapt_phases(cfg: ExperimentConfig) -> tuple[Phase, ...]:
+    """Step 2's phases: those of ``adapt.schedule`` (progressive adaptation), else one over ``_adapt_head``."""
     updates = cfg.adapt.optim.updates
     if not cfg.adapt.schedule:
-        return [Phase(adapt_head(cfg), adapt_depth(cfg), 0, updates)]
+        return (Phase(_adapt_head(cfg), _adapt_depth(cfg), 0, updates),)
     out, start = [], 0
     for i, p in enumerate(cfg.adapt.schedule):
         last = i == len(cfg.adapt.schedule) - 1
-        end = updates if last else phase_end(p.until, updates)
+        end = updates if last else _phase_end(p.until, updates)
         out.append(Phase(p.head, cfg.model.head_depth(p.head), start, end))
         start = end
-    return out
+    return tuple(out)
 
 
-def external_primary(cfg: ExperimentConfig) -> bool:
+def _external_primary(cfg: ExperimentConfig) -> bool:
     """The primary model is a file or a public model named by ``bridge.source``, not a run of this experiment: for
     a system with a bridge (MiniPost, which bridges from it) and for the system whose primary model a bridge system
     shares (BL_BASE, whose standard adaptation and finetunings then run over that model, with no step 1)."""
-    s = of(cfg)
+    s = _of(cfg)
     return bool(cfg.bridge.source) and (s.bridge or any(x.primary_from == s.name for x in REGISTRY.values()))
 
 
-def source_tokenizer(cfg: ExperimentConfig) -> str:
+def _source_tokenizer(cfg: ExperimentConfig) -> str:
     """The source language's Hugging Face tokenizer, "" for the SentencePiece model `prepare` trains."""
     if cfg.data.source_tokenizer:
         return cfg.data.source_tokenizer
-    if external_primary(cfg) and is_hf_source(cfg.bridge.source):
+    if _external_primary(cfg) and is_hf_source(cfg.bridge.source):
         return cfg.bridge.source
     return ""
 
 
-def adapt_head(cfg: ExperimentConfig) -> str:
+def _adapt_head(cfg: ExperimentConfig) -> str:
     """The MLM head whose layers step 2 trains over: ``adapt.head``, else the model's one secondary head
     (``Body.HEAD``), else the primary head. With ``adapt.schedule``: the deepest phase's head."""
-    if of(cfg).body is not Body.HEAD:
+    if _of(cfg).body is not Body.HEAD:
         return PRIMARY
     if cfg.adapt.schedule:
         return cfg.adapt.schedule[-1].head
     return cfg.adapt.head or f"l{cfg.model.mini_heads[0]}"
 
 
-def adapt_depth(cfg: ExperimentConfig) -> int:
+def _adapt_depth(cfg: ExperimentConfig) -> int:
     """Layers of the step-2 body: N for a head, N + bridge layers for a bridge, else the whole model."""
-    body = of(cfg).body
+    body = _of(cfg).body
     if body is Body.HEAD:
-        return cfg.model.head_depth(adapt_head(cfg))
+        return cfg.model.head_depth(_adapt_head(cfg))
     if body is Body.BRIDGE:
         return cfg.bridge.depth + cfg.bridge.layers
     return cfg.model.layers
 
 
-def mini_head(cfg: ExperimentConfig) -> str:
-    """The MLM head of the mini-model (a ``Body.HEAD`` system)."""
-    return adapt_head(cfg)
-
-
-def head_label(cfg: ExperimentConfig) -> str:
+def _head_label(cfg: ExperimentConfig) -> str:
     """The name of this system's adaptation runs and results: ``cfg.label``, or ``{label}@{head}`` when step 2 runs
     over a head other than the default (a model with several secondary heads, or ``adapt.head=primary`` on a
     MiniJoint model), ``{label}@progressive`` with ``adapt.schedule``; ``adapt.tag`` adds ``+{tag}`` (``{label}@{tag}``
     alone). Pretraining and the finetuned primary models stay under ``cfg.label``, shared by every head and tag."""
     parts = []
-    if of(cfg).body is Body.HEAD:
+    if _of(cfg).body is Body.HEAD:
         if cfg.adapt.schedule:
             parts.append("progressive")
-        elif len(cfg.model.mini_heads) > 1 or adapt_head(cfg) == PRIMARY:
-            parts.append(adapt_head(cfg))
+        elif len(cfg.model.mini_heads) > 1 or _adapt_head(cfg) == PRIMARY:
+            parts.append(_adapt_head(cfg))
     if cfg.adapt.tag:
         parts.append(cfg.adapt.tag)
     return f"{cfg.label}@{'+'.join(parts)}" if parts else cfg.label
@@ -258,9 +254,9 @@ class Runs:
         return self.layout.results(self.label)
 
 
-def runs(cfg: ExperimentConfig) -> Runs:
-    s, layout = of(cfg), Layout.of(cfg)
-    if external_primary(cfg):  # the finetuned models of the public model: with the system that owns it (BL_BASE)
+def _runs(cfg: ExperimentConfig) -> Runs:
+    s, layout = _of(cfg), Layout.of(cfg)
+    if _external_primary(cfg):  # the finetuned models of the public model: with the system that owns it (BL_BASE)
         pretrain, primary, owner = None, cfg.bridge.source, s.primary_from or cfg.label
     elif s.primary_from:  # shared: the other system's untagged run (a sweep varies only this system's part),
         # of the same pretraining seed
@@ -271,4 +267,60 @@ def runs(cfg: ExperimentConfig) -> Runs:
         pretrain, owner = layout.pretrain(cfg.label), cfg.label
         primary = str(last_checkpoint(pretrain))
     body = layout.bridge(cfg.label) if s.body is Body.BRIDGE else pretrain
-    return Runs(layout, head_label(cfg), pretrain, primary, body, owner)
+    return Runs(layout, _head_label(cfg), pretrain, primary, body, owner)
+
+
+STAGES = ("prepare", "pretrain", "bridge", "adapt", "finetune", "evaluate")
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Everything one stage of one configuration needs to know about its system, answered once (``stage_plan``).
+
+    Stages, the memory plan and its probe, the cost table, the pipeline, export and the command line read these
+    fields; none of them asks the configuration the same questions again. The first four are the stage's own; the
+    others are the same for every stage of a configuration."""
+
+    stage: str  # one of STAGES
+    reads: tuple[Path, ...]  # the runs of this experiment the stage is built on: each must have finished first
+    writes: Path | None  # the stage's run directory (None where there is one per language, or per task and seed)
+    layers: int  # the layers the stage trains or runs through
+    formula: str  # its FLOP formula (the paper's appendix A.1: A1, A4, A3); "" for a stage that is not priced
+    system: System
+    steps: tuple[str, ...]  # the system's training steps here (no step 1 of its own over a public model)
+    external_primary: bool  # the primary model is ``bridge.source`` (a file or a public model), not a run here
+    runs: Runs  # where every step of the system reads and writes, shared runs resolved (``runs.label``: its name)
+    body: Body  # where step 2 gets its frozen body
+    head: str  # the MLM head step 2 trains over (PRIMARY: the whole model), which is the mini-model's head
+    depth: int  # layers of step 2's body: the mini-model's depth for a ``Body.HEAD`` system
+    phases: tuple[Phase, ...]  # step 2's phases: those of ``adapt.schedule``, else one over ``head``
+    tokenizer: str  # the source language's Hugging Face tokenizer, "" for the SentencePiece model `prepare` trains
+    bodies: tuple[str, ...]  # the bodies finetuned and evaluated: ("primary",), and "mini" for a mini_finetune system
+
+    @property
+    def runs_here(self) -> bool:
+        """Whether this configuration runs the stage (MiniPost has no step 1 of its own; only MiniPost a bridge)."""
+        return self.stage not in ("pretrain", "bridge") or self.stage in self.steps
+
+
+def stage_plan(cfg: ExperimentConfig, stage: str) -> StagePlan:
+    """The one place that resolves a configuration's system for a stage (``STAGES``)."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+    s, r, external = _of(cfg), _runs(cfg), _external_primary(cfg)
+    steps = s.steps(external)
+    head, depth = _adapt_head(cfg), _adapt_depth(cfg)
+    body_layers = depth if cfg.body == "mini" else cfg.model.layers  # what finetuning trains and evaluation scores
+    made_here = r.pretrain is not None  # the primary model is a run of this experiment
+    layers, reads, writes = {
+        "prepare": (0, (), None),  # (one prepared directory per language: ``layout.prepared``)
+        "pretrain": (cfg.model.layers, (), r.layout.pretrain(cfg.label) if "pretrain" in steps else None),
+        "bridge": (cfg.bridge.depth + cfg.bridge.layers, (r.pretrain,) if made_here else (), r.body if s.bridge else None),
+        "adapt": (depth, (r.body,) if r.body is not None else (), r.adapt(cfg.lang) if cfg.lang else None),
+        "finetune": (body_layers, (r.pretrain,) if made_here else (), None),
+        "evaluate": (body_layers, (), None),
+    }[stage]
+    return StagePlan(stage=stage, system=s, steps=steps, external_primary=external, runs=r, reads=reads,
+                     writes=writes, layers=layers, formula=FORMULAS.get(stage, ""), body=s.body, head=head, depth=depth,
+                     phases=_adapt_phases(cfg), tokenizer=_source_tokenizer(cfg),
+                     bodies=("primary", "mini") if s.mini_finetune else ("primary",))

@@ -24,7 +24,7 @@ from minimodel.stages.evaluate import device_for, task_of
 from minimodel.store import atomic
 from minimodel.store.checkpoints import load_finetuned
 from minimodel.store.layout import finetuned_model
-from minimodel.systems import REFERENCE, external_primary, runs, source_tokenizer
+from minimodel.systems import REFERENCE, stage_plan
 
 
 def main() -> None:
@@ -34,11 +34,12 @@ def main() -> None:
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     cfg = load_experiment(args.experiment, [*args.overrides, f"system={REFERENCE}"])
-    if not external_primary(cfg):
+    plan = stage_plan(cfg, "evaluate")
+    if not plan.external_primary:
         raise SystemExit(f"{args.experiment}: no public primary model (bridge.source): the unadapted reference "
                          f"needs one whose tokenizer reads the target languages")
-    tok = HFTokenizer(source_tokenizer(cfg), causal=causal(cfg.model))
-    device, r = device_for(cfg), runs(cfg)
+    tok = HFTokenizer(plan.tokenizer, causal=causal(cfg.model))
+    device, r = device_for(cfg), plan.runs
     rows = []
     for task in cfg.finetune.tasks:
         for seed in cfg.finetune.seeds:

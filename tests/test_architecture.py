@@ -146,3 +146,99 @@ def test_only_families_branches_on_a_family_name():
     from minimodel.models.families import REGISTRY
 
     assert compared_outside(set(REGISTRY), "minimodel.models.families") == []
+
+
+# The top level of minimodel/: the entry points (cli, and what it runs: experiment loading, the pipeline, export),
+# the declarations of the systems, and the few small modules every package uses. Everything else lives in a package
+# that names its part of the architecture (docs/architecture.md).
+TOP_LEVEL = {"cli", "experiment", "pipeline", "export", "systems", "errors", "log", "signals", "flops", "metrics",
+             "task_metrics"}
+PACKAGES = {"config", "data", "models", "store", "cluster", "training", "stages", "report"}
+
+
+def test_the_top_level_holds_only_the_entry_points_and_the_shared_modules():
+    assert {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"} == TOP_LEVEL
+    assert {p.parent.name for p in PACKAGE.glob("*/__init__.py")} == PACKAGES
+    assert not [p for p in PACKAGE.glob("*/*/__init__.py")]  # one level of packages
+
+
+# What other code may take from systems.py: the declarations and the one resolved plan per stage.
+SYSTEMS_API = {"Body", "System", "Phase", "Runs", "StagePlan", "STAGES", "REGISTRY", "ORDER", "REFERENCE", "FORMULAS",
+               "get", "validate", "stage_plan"}
+
+
+def plan_offenders(paths: list[Path]) -> list[str]:
+    """Every place in ``paths`` that builds a ``StagePlan`` itself, or takes from systems.py anything but
+    ``SYSTEMS_API`` (``from minimodel.systems import x``, ``systems.x``): the questions a plan answers are asked of
+    systems.py once, through ``stage_plan``."""
+    out = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            where = f"{path.name}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.ImportFrom) and node.module == "minimodel.systems":
+                out += [f"{where} imports {a.name}" for a in node.names if a.name not in SYSTEMS_API]
+            elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "systems"
+                  and node.attr not in SYSTEMS_API):
+                out.append(f"{where} uses systems.{node.attr}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "StagePlan":
+                out.append(f"{where} builds a StagePlan")
+    return sorted(out, key=lambda s: (s.split(":")[0], int(s.split(":")[1].split()[0])))
+
+
+def test_only_systems_builds_a_plan():
+    """Stages, the memory plan and its probe, finetuning, the cost table and the command line take a ``StagePlan``
+    (``systems.stage_plan``) instead of asking systems.py one question at a time; only systems.py builds one, and
+    its public functions are the API above (a new per-configuration question is a field of the plan)."""
+    from minimodel import systems
+
+    others = [p for name, p in modules().items() if name != "minimodel.systems"]
+    scripts = [*sorted((ROOT / "tests").glob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py")),
+               *sorted((ROOT / "scripts").glob("*.py"))]
+    assert plan_offenders([*others, *[p for p in scripts if p.name != "test_architecture.py"]]) == []
+    public = {n for n, v in vars(systems).items() if not n.startswith("_") and getattr(v, "__module__", "") == systems.__name__}
+    assert public <= SYSTEMS_API and {"stage_plan", "StagePlan"} <= public, public - SYSTEMS_API
+
+
+def test_the_plan_checker_finds_planted_questions(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from minimodel.systems import Body, adapt_depth\nfrom minimodel import systems\n"
+                   "d = systems.adapt_phases(cfg)\np = StagePlan(stage='adapt')\n")
+    assert plan_offenders([bad]) == ["bad.py:1 imports adapt_depth", "bad.py:3 uses systems.adapt_phases",
+                                     "bad.py:4 builds a StagePlan"]
+
+
+def test_a_stage_plan_answers_each_stage():
+    """The plan's fields for the paper's four systems, against the values the functions it replaced gave."""
+    from minimodel.config.schema import PRIMARY
+    from minimodel.experiment import load_experiment
+    from minimodel.systems import Body, Phase, stage_plan
+
+    exp = ROOT / "experiments" / "tiny.yaml"
+    joint = load_experiment(exp, ["system=minijoint", "lang=de"])
+    plan = stage_plan(joint, "adapt")
+    depth = joint.model.mini_heads[0]
+    assert (plan.body, plan.head, plan.depth, plan.layers, plan.formula) == (Body.HEAD, f"l{depth}", depth, depth, "A3")
+    assert plan.phases == (Phase(f"l{depth}", depth, 0, joint.adapt.optim.updates),)
+    assert plan.reads == (plan.runs.pretrain,) and plan.writes == plan.runs.adapt("de")
+    assert plan.bodies == ("primary", "mini") and plan.tokenizer == "" and plan.runs_here
+    pre = stage_plan(joint, "pretrain")
+    assert (pre.layers, pre.formula, pre.reads, pre.writes) == (joint.model.layers, "A1", (), plan.runs.pretrain)
+
+    post = load_experiment(exp, ["system=minipost", "model.mini_heads=[]", "bridge.depth=2", "lang=de"])
+    bridge, adapt = stage_plan(post, "bridge"), stage_plan(post, "adapt")
+    assert bridge.runs_here and (bridge.layers, bridge.formula) == (post.bridge.depth + post.bridge.layers, "A4")
+    assert bridge.reads == (bridge.runs.pretrain,) and bridge.writes == bridge.runs.bridge
+    assert bridge.runs.pretrain.parent.name == "bl_base"  # MiniPost bridges from BL_BASE's step 1
+    assert adapt.body is Body.BRIDGE and adapt.reads == (adapt.runs.bridge,) and adapt.depth == bridge.layers
+    assert not stage_plan(post, "pretrain").runs_here and stage_plan(post, "pretrain").writes is None
+
+    base = load_experiment(exp, ["system=bl_base", "model.mini_heads=[]"])
+    plan = stage_plan(base, "finetune")
+    assert (plan.body, plan.head, plan.depth, plan.bodies) == (Body.OWN, PRIMARY, base.model.layers, ("primary",))
+    assert plan.reads == (plan.runs.pretrain,) and plan.formula == "" and not stage_plan(base, "bridge").runs_here
+    try:
+        stage_plan(base, "distill")
+    except ValueError as e:
+        assert "unknown stage 'distill'" in str(e)
+    else:
+        raise AssertionError("an unknown stage was planned")

@@ -19,7 +19,7 @@ from minimodel.models.surgery import PlugError
 from minimodel.stages.evaluate import check_adaptation
 from minimodel.stages.pretrain import run_pretrain
 from minimodel.store.checkpoints import Adaptation, load_checkpoint
-from minimodel.systems import runs
+from minimodel.systems import stage_plan
 from tests.conftest import ROOT, stage_overrides, tiny_config
 
 
@@ -75,11 +75,11 @@ def test_nan_loss_stops_naming_the_update_and_keeps_the_last_good_checkpoint(tmp
     c = cfg(tmp_path, prepared, corpus_dir)
     with pytest.raises(NonFiniteLossError, match=r"not finite at update 5 \(gradient norm nan\): stopping on every process; the last checkpoint"):
         run_pretrain(c, progress_bar=False)
-    ckpts = runs(c).pretrain / "checkpoints"
+    ckpts = stage_plan(c, "adapt").runs.pretrain / "checkpoints"
     assert sorted(p.name for p in ckpts.glob("*.ckpt")) == ["last.ckpt", "step0000002.ckpt", "step0000004.ckpt"]
     state = load_checkpoint(ckpts / "last.ckpt")["state_dict"]
     assert all(torch.isfinite(v).all() for v in state.values())
-    assert not (runs(c).pretrain / "done.json").exists()
+    assert not (stage_plan(c, "adapt").runs.pretrain / "done.json").exists()
 
 
 def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, prepared, corpus_dir, monkeypatch):
@@ -98,7 +98,7 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, p
     with pytest.raises(WriteError, match=r"writing .*step0000004.ckpt: no space left on device \([\d,]+ bytes "
                                          r"needed, [\d,]+ free on .*\); free some space .* and rerun the same command"):
         run_pretrain(c, progress_bar=False)
-    ckpts = runs(c).pretrain / "checkpoints"
+    ckpts = stage_plan(c, "adapt").runs.pretrain / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt", "step0000002.ckpt"]  # no temp file left
     assert load_checkpoint(ckpts / "last.ckpt")["global_step"] == 2
 

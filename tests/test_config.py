@@ -3,7 +3,7 @@ import pytest
 from minimodel.config.load import save_config
 from minimodel.errors import ConfigError
 from minimodel.experiment import load_experiment
-from minimodel.systems import REGISTRY, adapt_depth
+from minimodel.systems import REGISTRY, stage_plan
 from tests.conftest import ROOT
 
 ALL_YAML = sorted((ROOT / "experiments").glob("*.yaml"))
@@ -43,7 +43,7 @@ def test_paper_defaults():
     assert (o.updates, o.global_batch, o.lr, o.warmup_updates, o.betas, o.eps, o.weight_decay) == (
         125_000, 2048, 7e-4, 10_000, [0.9, 0.98], 1e-6, 0.01)
     assert cfg.data.seq_len == 512 and cfg.data.vocab_size == 50_000 and cfg.data.mask_prob == 0.15
-    assert cfg.model.mini_heads == [4] and cfg.model.layers == 12 and adapt_depth(cfg) == 4
+    assert cfg.model.mini_heads == [4] and cfg.model.layers == 12 and stage_plan(cfg, "adapt").depth == 4
     assert len(cfg.target_langs) == 14
 
 

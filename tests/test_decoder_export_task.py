@@ -76,7 +76,7 @@ def test_a_finetuned_decoder_exports_and_predicts_what_evaluate_saved(tmp_path, 
     from minimodel.models.surgery import plug_embeddings
     from minimodel.store.checkpoints import load_finetuned
     from minimodel.store.layout import finetuned_model
-    from minimodel.systems import runs
+    from minimodel.systems import stage_plan
 
     # hf_decoder's `from minimodel.models.decoder_task import task_to_hf` (raising=False: the test holds with it or not)
     monkeypatch.setattr(minimodel.models.hf_decoder, "task_to_hf", task_to_hf, raising=False)
@@ -100,7 +100,7 @@ def test_a_finetuned_decoder_exports_and_predicts_what_evaluate_saved(tmp_path, 
     batch = tok(texts, padding=True, truncation=True, max_length=cfg.tasks["lohelp"].max_len, return_tensors="pt")
     assert [row[row != tok.pad_token_id].tolist() for row in batch["input_ids"]] == [f["input_ids"] for f in features]
 
-    body, head, _ = load_finetuned(finetuned_model(runs(cfg).finetune("lohelp", 1)))
+    body, head, _ = load_finetuned(finetuned_model(stage_plan(cfg, "adapt").runs.finetune("lohelp", 1)))
     emb = adapted_embeddings(cfg)
     assert emb.adapted.step == provenance["step"] == 4
     plug_embeddings(body, emb.adapted, emb.tokenizer.sha256, emb.tokenizer.vocab_size)
@@ -113,7 +113,8 @@ def test_a_finetuned_decoder_exports_and_predicts_what_evaluate_saved(tmp_path, 
         mine = head(body.encode(ours["input_ids"]), ours["attention_mask"])
     assert len(records) > 20 and (theirs - mine).abs().max().item() < 1e-5
 
-    saved = runs(cfg).layout.predictions(runs(cfg).label, "lohelp", "de", 1, 4)
+    r = stage_plan(cfg, "evaluate").runs
+    saved = r.layout.predictions(r.label, "lohelp", "de", 1, 4)
     rows = [json.loads(line) for line in Path(saved).read_text().splitlines()]
     assert [model.labels[i] for i in theirs.argmax(-1).tolist()] == [row["predicted"] for row in rows]
     probabilities = torch.tensor([[row["probabilities"][label] for label in model.labels] for row in rows])

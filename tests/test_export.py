@@ -20,7 +20,7 @@ from minimodel.export import PROVENANCE, adapted_embeddings, load_artifact
 from minimodel.models.hf import fast_tokenizer
 from minimodel.models.surgery import plug_embeddings
 from minimodel.stages.bridge import load_primary
-from minimodel.systems import runs
+from minimodel.systems import stage_plan
 from tests.conftest import ROOT, real_text, tiny_config
 
 transformers = pytest.importorskip("transformers")
@@ -69,7 +69,7 @@ def test_the_exported_masked_lm_gives_our_logits(tiny_finetuned, tmp_path):
     lang_cfg = load_experiment(args[0], [*args[1:], "lang=de"])
     emb = adapted_embeddings(lang_cfg)
     assert emb.adapted.step == 8
-    ours, _ = load_primary(runs(lang_cfg).primary)
+    ours, _ = load_primary(stage_plan(lang_cfg, "adapt").runs.primary)
     plug_embeddings(ours, emb.adapted, emb.tokenizer.sha256, emb.tokenizer.vocab_size)
     ours.eval()
     sentences = texts("de")[:8]
@@ -112,7 +112,7 @@ def test_the_exported_classifier_predicts_what_evaluate_scored(tiny_finetuned, t
     from minimodel.store.checkpoints import load_finetuned
     from minimodel.store.layout import finetuned_model
 
-    body, head, _ = load_finetuned(finetuned_model(runs(cfg).finetune("lohelp", 1)))
+    body, head, _ = load_finetuned(finetuned_model(stage_plan(cfg, "adapt").runs.finetune("lohelp", 1)))
     emb = adapted_embeddings(load_experiment(args[0], [*args[1:], "lang=de"]))
     plug_embeddings(body, emb.adapted, emb.tokenizer.sha256, emb.tokenizer.vocab_size)
     body.eval(), head.eval()

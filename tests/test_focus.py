@@ -20,7 +20,7 @@ from minimodel.errors import ConfigError
 from minimodel.models.focus import focus_init, mix_weights, sparsemax
 from minimodel.models.surgery import overlap_init
 from minimodel.pipeline import plan, variants
-from minimodel.systems import runs
+from minimodel.systems import stage_plan
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_config, tiny_overrides
 
 DEMO = ROOT / "experiments" / "demo.yaml"
@@ -142,7 +142,7 @@ def test_focus_variant_rows_come_from_an_adaptation_tag(tmp_path):
                                      "minijoint@focus", "bl_small", "bl_small@focus"]
     assert [v.cfg.adapt.init for v in vs] == ["overlap", "focus"] * 4
     for plain, tagged in zip(vs[::2], vs[1::2]):
-        a, b = runs(plain.cfg), runs(tagged.cfg)
+        a, b = stage_plan(plain.cfg, "adapt").runs, stage_plan(tagged.cfg, "adapt").runs
         assert a.pretrain == b.pretrain and a.body == b.body and a.finetune("xnli", 1) == b.finetune("xnli", 1)
         assert a.adapt("de") != b.adapt("de") and b.adapt("de").parent.parent.name == tagged.label
         assert a.results != b.results

@@ -187,11 +187,11 @@ def test_minipost_from_a_hugging_face_model_through_steps_1b_to_4(tmp_path, corp
     experiment = str(ROOT / "experiments" / "demo.yaml")
     assert main(["run", experiment, *args, "--no-progress"]) == 0
     from minimodel.experiment import load_experiment
-    from minimodel.systems import source_tokenizer
+    from minimodel.systems import stage_plan
 
     cfg = load_experiment(experiment, args)
     hf_tok = HFTokenizer(str(hf_dir))
-    assert source_tokenizer(cfg) == str(hf_dir)  # MiniPost from a HF model uses that model's tokenizer
+    assert stage_plan(cfg, "prepare").tokenizer == str(hf_dir)  # MiniPost from a HF model uses that model's tokenizer
 
     # prepare: English encoded with the model's own tokenizer (no SentencePiece model for English)
     en = prepared_paths(cfg, "en")

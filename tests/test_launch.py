@@ -538,7 +538,7 @@ def test_variants_that_would_prepare_a_language_differently_in_one_place_are_ref
 def test_prepare_steps_without_a_pretraining_of_this_experiment(tmp_path: Path):
     """MiniPost from a public model: its bridge waits for English's prepare step only. An experiment that reuses
     another's models (models_from): finetuning waits for English's data, each evaluation for its language's."""
-    from minimodel.systems import runs
+    from minimodel.systems import stage_plan
 
     minipost = str(ROOT / "experiments" / "minipost.yaml")
     steps = {s.name: s for s in plan(minipost, [*OVERRIDES, "bridge.source=roberta-base"])}
@@ -548,7 +548,7 @@ def test_prepare_steps_without_a_pretraining_of_this_experiment(tmp_path: Path):
     reuse = tmp_path / "reuse.yaml"
     reuse.write_text(f"extends: {MINIJOINT}\nname: reuse\nmodels_from: paper\n")
     overrides = [*OVERRIDES, f"runs_dir={tmp_path / 'runs'}"]
-    r = runs(load_experiment(reuse, overrides))
+    r = stage_plan(load_experiment(reuse, overrides), "adapt").runs
     for run in (r.pretrain, r.adapt("de"), r.adapt("tr")):
         run.mkdir(parents=True)
         (run / "done.json").write_text("{}")

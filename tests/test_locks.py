@@ -16,7 +16,7 @@ import pytest
 
 from minimodel.cli import main
 from minimodel.store.locks import LOCK, LockError, exclusive
-from minimodel.systems import runs
+from minimodel.systems import stage_plan
 from tests.conftest import ROOT, stage_overrides, tiny_config, tiny_overrides
 
 HOLD = """
@@ -58,7 +58,7 @@ def test_a_second_holder_fails_at_once_and_a_killed_holder_is_taken_over(tmp_pat
 
 def test_a_second_copy_of_a_stage_exits_2_naming_the_holder(tmp_path, prepared, corpus_dir, capsys):
     extra = stage_overrides(["pretrain"], updates=2)
-    run_dir = runs(tiny_config(tmp_path, corpus_dir, *extra, prepared=prepared)).pretrain
+    run_dir = stage_plan(tiny_config(tmp_path, corpus_dir, *extra, prepared=prepared), "adapt").runs.pretrain
     holder = hold_lock(run_dir)
     try:
         rc = main(["pretrain", str(ROOT / "experiments" / "tiny.yaml"),
@@ -75,7 +75,7 @@ def test_a_second_copy_of_a_stage_exits_2_naming_the_holder(tmp_path, prepared, 
 
 def test_a_second_evaluation_of_the_same_system_exits_2(tmp_path, prepared, corpus_dir, capsys):
     cfg = tiny_config(tmp_path, corpus_dir, prepared=prepared)
-    holder = hold_lock(runs(cfg).results.parent / ".evaluate-all")  # the lock of the whole system's evaluation
+    holder = hold_lock(stage_plan(cfg, "evaluate").runs.results.parent / ".evaluate-all")  # the lock of the whole system's evaluation
     try:
         rc = main(["evaluate", str(ROOT / "experiments" / "tiny.yaml"),
                    *tiny_overrides(tmp_path, corpus_dir, prepared), "--no-progress"])
@@ -84,7 +84,7 @@ def test_a_second_evaluation_of_the_same_system_exits_2(tmp_path, prepared, corp
         holder.wait()
     assert rc == 2
     assert "evaluation of minijoint (all) would write the same files" in capsys.readouterr().err
-    assert not runs(cfg).results.exists()
+    assert not stage_plan(cfg, "adapt").runs.results.exists()
 
 
 def test_a_read_only_run_directory_is_named(tmp_path):

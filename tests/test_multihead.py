@@ -16,7 +16,7 @@ from minimodel.models.model import IGNORE_INDEX, RobertaMLM
 from minimodel.pipeline import plan, variants
 from minimodel.report.costs import multi_head_saving
 from minimodel.store.checkpoints import TrainingMeta, load_trained_model
-from minimodel.systems import adapt_depth, runs
+from minimodel.systems import stage_plan
 from minimodel.training.mlm import MLMModule, head_weights
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_config
 
@@ -95,15 +95,15 @@ def test_config_names_the_head_of_step_2(tmp_path):
         tiny_config(tmp_path, tmp_path, *HEADS, "adapt.head=l1", "pretrain.head_weights={primary: 0, l1: 0, l2: 0}")
 
     cfg = tiny_config(tmp_path, tmp_path, *HEADS, "adapt.head=l2")
-    r = runs(cfg)
-    assert adapt_depth(cfg) == 2 and r.label == "minijoint@l2"
+    r = stage_plan(cfg, "adapt").runs
+    assert stage_plan(cfg, "adapt").depth == 2 and r.label == "minijoint@l2"
     assert r.pretrain == tmp_path / "runs" / "tiny" / "minijoint" / "pretrain"  # shared by every head
     assert r.adapt("de") == tmp_path / "runs" / "tiny" / "minijoint@l2" / "adapt" / "de"
     assert r.finetune("lohelp", 1) == tmp_path / "runs" / "tiny" / "minijoint" / "finetune" / "lohelp" / "seed1"
     assert r.results == tmp_path / "runs" / "tiny" / "minijoint@l2" / "results.jsonl"
     single = tiny_config(tmp_path, tmp_path)  # one secondary head: the names of before
-    assert runs(single).label == "minijoint" and adapt_depth(single) == 2
-    assert runs(tiny_config(tmp_path, tmp_path, "adapt.head=primary")).label == "minijoint@primary"
+    assert stage_plan(single, "adapt").runs.label == "minijoint" and stage_plan(single, "adapt").depth == 2
+    assert stage_plan(tiny_config(tmp_path, tmp_path, "adapt.head=primary"), "adapt").runs.label == "minijoint@primary"
 
 
 def test_one_pretraining_serves_every_head_in_the_plan(tmp_path):
@@ -141,7 +141,7 @@ def test_an_adaptation_tag_shares_steps_1_1b_and_3(tmp_path):
     (tmp_path / "conf").symlink_to(ROOT / "conf")
     vs = variants(exp, [])
     assert [v.label for v in vs] == ["minipost", "minipost@low", "minijoint@l2", "minijoint@l2+low"]
-    r = [runs(v.cfg) for v in vs]
+    r = [stage_plan(v.cfg, "adapt").runs for v in vs]
     assert r[1].bridge == r[0].bridge and r[1].adapt("de") != r[0].adapt("de")
     assert r[1].finetune("xnli", 1) == r[0].finetune("xnli", 1) and r[1].results != r[0].results
     assert r[3].pretrain == r[2].pretrain and r[3].adapt("de").parent.parent.name == "minijoint@l2+low"
@@ -190,7 +190,7 @@ def test_step_2_over_each_head_of_one_pretraining(tmp_path, prepared, corpus_dir
     full, _ = load_trained_model(pre / "checkpoints" / "last.ckpt")
     for head, depth in (("l1", 1), ("l2", 2)):
         c = cfg(f"adapt.head={head}", "lang=de")
-        body, _, _ = adaptation_body(c)
+        body, _, _ = adaptation_body(c, stage_plan(c, "adapt"))
         assert body.cfg.layers == depth and list(body.heads) == ["primary"]
         assert torch.equal(body.heads["primary"].dense.weight, full.heads[head].dense.weight)
         assert torch.equal(body.layers[depth - 1].qkv.weight, full.layers[depth - 1].qkv.weight)

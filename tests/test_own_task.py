@@ -116,7 +116,7 @@ def test_adapt_missing_adapts_a_language_the_reused_experiment_lacks_into_it(own
     assert adapt.args[-3:] == ("lang=fr", "name=tiny", "models_from=") and "prepare-fr" in adapt.after
     assert "adapt-fr" in steps["evaluate-fr"].after and "adapt-de" not in steps["evaluate-de"].after
     cfg = load_experiment(adapt.args[1], list(adapt.args[2:]))  # the step's own command: tiny's adaptation to fr
-    from minimodel.systems import runs
+    from minimodel.systems import stage_plan
 
     assert cfg.name == "tiny" and not cfg.models_from and cfg.lang == "fr"
-    assert str(runs(cfg).adapt("fr")) == adapt.run_dir
+    assert str(stage_plan(cfg, "adapt").runs.adapt("fr")) == adapt.run_dir

@@ -16,7 +16,7 @@ from minimodel.report.document import write_report
 from minimodel.report.intervals import bootstrap, time_to_target_interval
 from minimodel.report.reading import results_from_rows
 from minimodel.report.statistics import draw
-from minimodel.systems import runs
+from minimodel.systems import stage_plan
 from tests.conftest import ROOT
 
 EXP = ROOT / "experiments" / "study.yaml"  # only loaded and planned here: nothing runs
@@ -26,10 +26,11 @@ def test_a_pretraining_seed_other_than_1_names_its_own_runs():
     one = load_experiment(EXP, ["system=bl_base"])
     two = load_experiment(EXP, ["system=bl_base", "pretrain.trainer.seed=2"])
     assert (one.label, two.label) == ("bl_base", "bl_base-ps2")
-    assert runs(two).pretrain != runs(one).pretrain and runs(two).pretrain.parent.name == "bl_base-ps2"
+    first, second = stage_plan(one, "adapt").runs, stage_plan(two, "adapt").runs
+    assert second.pretrain != first.pretrain and second.pretrain.parent.name == "bl_base-ps2"
     # MiniPost builds on BL_BASE's pretraining of the same seed, and evaluates its finetuned models
-    post = runs(load_experiment(EXP, ["system=minipost", "pretrain.trainer.seed=2"]))
-    assert post.pretrain == runs(two).pretrain and post.label == "minipost-ps2"
+    post = stage_plan(load_experiment(EXP, ["system=minipost", "pretrain.trainer.seed=2"]), "adapt").runs
+    assert post.pretrain == second.pretrain and post.label == "minipost-ps2"
     assert post.finetune("lohelp", 1).is_relative_to(post.pretrain.parent)
     tagged = load_experiment(EXP, ["system=minijoint", "model.mini_heads=[1]", "tag=n1", "pretrain.trainer.seed=3"])
     assert tagged.label == "minijoint-n1-ps3"

@@ -17,7 +17,7 @@ from minimodel.models.model import IGNORE_INDEX, PRIMARY, RobertaMLM
 from minimodel.models.surgery import adaptation_trainable, freeze_all_but, staged_body, swap_embeddings, tie_biases
 from minimodel.store.checkpoints import TrainingMeta, load_adaptation
 from minimodel.store.layout import adaptation_checkpoints
-from minimodel.systems import Phase, adapt_phases, runs
+from minimodel.systems import Phase, stage_plan
 from minimodel.training.mlm import MLMModule
 from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_config, tiny_overrides
 from tests.test_reliability import cli, kill_when, losses, mid_way, run_to_end, weights
@@ -28,9 +28,9 @@ SCHEDULE = "adapt.schedule=[{head: l1, until: 4}, {head: l2, until: 0.5}, {head:
 
 def test_phases_from_fractions_and_update_counts(tmp_path):
     cfg = tiny_config(tmp_path, tmp_path, HEADS, SCHEDULE, "adapt.optim.updates=20")
-    assert adapt_phases(cfg) == [Phase("l1", 1, 0, 4), Phase("l2", 2, 4, 10), Phase(PRIMARY, 4, 10, 20)]
-    assert runs(cfg).label == "minijoint@progressive"
-    assert runs(cfg).pretrain == tmp_path / "runs" / "tiny" / "minijoint" / "pretrain"
+    assert stage_plan(cfg, "adapt").phases == (Phase("l1", 1, 0, 4), Phase("l2", 2, 4, 10), Phase(PRIMARY, 4, 10, 20))
+    assert stage_plan(cfg, "adapt").runs.label == "minijoint@progressive"
+    assert stage_plan(cfg, "adapt").runs.pretrain == tmp_path / "runs" / "tiny" / "minijoint" / "pretrain"
     for bad, message in [
         ("[{head: l2, until: 0.5}, {head: l1}]", "deeper head than the one before"),
         ("[{head: l1, until: 0.5}, {head: l2, until: 0.8}]", "the last phase needs until: 0"),

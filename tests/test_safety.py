@@ -21,7 +21,7 @@ from minimodel.store.checkpoints import (
     load_finetuned,
     load_trained_model,
 )
-from minimodel.systems import runs
+from minimodel.systems import stage_plan
 from tests.conftest import ROOT, stage_overrides, tiny_config, tiny_overrides
 
 
@@ -59,7 +59,7 @@ def test_a_crafted_last_ckpt_in_a_run_directory_is_refused(tmp_path, prepared, c
     overrides = [*tiny_overrides(tmp_path, corpus_dir, prepared=prepared), *stage_overrides(["pretrain"], updates=4)]
     cfg = tiny_config(tmp_path, corpus_dir, *stage_overrides(["pretrain"], updates=4), prepared=prepared)
     marker = tmp_path / "ran"
-    crafted(runs(cfg).pretrain / "checkpoints" / "last.ckpt", marker, {"global_step": 2})
+    crafted(stage_plan(cfg, "adapt").runs.pretrain / "checkpoints" / "last.ckpt", marker, {"global_step": 2})
     assert main(["pretrain", str(ROOT / "experiments" / "tiny.yaml"), *overrides, "--no-progress"]) == 2
     assert "refusing to load" in capsys.readouterr().err
     assert not marker.exists()

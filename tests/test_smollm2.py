@@ -229,14 +229,14 @@ def test_both_systems_adapt_finetune_and_evaluate(chain):
     from minimodel.experiment import load_experiment
     from minimodel.store.checkpoints import load_adaptation
     from minimodel.store.layout import adaptation_checkpoints
-    from minimodel.systems import runs
+    from minimodel.systems import stage_plan
 
     written = load_experiment(GPU_EXPERIMENT, [])
     assert written.data.num_workers == 4 and written.evaluate.dev and written.evaluate.precision == "auto"
     assert {getattr(written, s).trainer.precision for s in ("bridge", "adapt", "finetune")} == {"bf16-mixed"}
     study = chain.tmp / "runs" / "study_real_gpu"
     for system, layers in (("bl_base", 30), ("minipost", 12)):
-        r = runs(chain.config(system))
+        r = stage_plan(chain.config(system), "adapt").runs
         rows = [json.loads(line) for line in r.results.read_text().splitlines()]
         for split, expected in (("test", [0, 1, 2, 4]), ("dev", [2, 4])):
             steps = {m: sorted({row["step"] for row in rows
@@ -262,7 +262,7 @@ def test_minipost_exports_for_text_generation(chain, loaded):
     from minimodel.models.surgery import plug_embeddings
     from minimodel.store.checkpoints import load_adaptation
     from minimodel.store.layout import adaptation_checkpoints
-    from minimodel.systems import runs
+    from minimodel.systems import stage_plan
 
     out = chain.tmp / "minipost-fr"
     assert main(["export", GPU_EXPERIMENT, *chain.args, "system=minipost", "lang=fr", "--out", str(out)]) == 0
@@ -274,7 +274,7 @@ def test_minipost_exports_for_text_generation(chain, loaded):
     ids = tok(text, return_tensors="pt")["input_ids"]
     assert ids[0].tolist() == [0, *fr.encode_one(text)]  # <s>, then the SentencePiece ids
     ours = copy.deepcopy(loaded.ours)
-    last = adaptation_checkpoints(runs(chain.config("minipost")).adapt("fr"))[-1]
+    last = adaptation_checkpoints(stage_plan(chain.config("minipost"), "adapt").runs.adapt("fr"))[-1]
     plug_embeddings(ours, load_adaptation(last), fr.sha256, fr.vocab_size)
     with torch.no_grad():
         assert (model(ids).logits - ours.eval().logits(ids)).abs().max().item() < 1e-4
@@ -296,7 +296,7 @@ def test_minipost_exports_its_finetuned_classifier(chain):
     from minimodel.models.surgery import plug_embeddings
     from minimodel.store.checkpoints import load_finetuned
     from minimodel.store.layout import finetuned_model
-    from minimodel.systems import runs
+    from minimodel.systems import stage_plan
 
     out = chain.tmp / "minipost-fr-wiki_topics"
     assert main(["export", GPU_EXPERIMENT, *chain.args, "system=minipost", "lang=fr", "task=wiki_topics", "seed=1",
@@ -309,7 +309,7 @@ def test_minipost_exports_its_finetuned_classifier(chain):
     tok = transformers.AutoTokenizer.from_pretrained(out)
     theirs_ids = tok([r["text"] for r in records], padding=True, truncation=True, max_length=32, return_tensors="pt")
     assert torch.equal(theirs_ids["input_ids"], batch["input_ids"])
-    body, head, _ = load_finetuned(finetuned_model(runs(cfg).finetune("wiki_topics", 1)))
+    body, head, _ = load_finetuned(finetuned_model(stage_plan(cfg, "adapt").runs.finetune("wiki_topics", 1)))
     emb = adapted_embeddings(cfg)
     plug_embeddings(body, emb.adapted, emb.tokenizer.sha256, emb.tokenizer.vocab_size)
     with torch.no_grad():
@@ -317,7 +317,8 @@ def test_minipost_exports_its_finetuned_classifier(chain):
         ours = head.eval()(body.eval().encode(batch["input_ids"]), batch["attention_mask"])
     assert model.labels == list(data.labels) and theirs.shape == (20, len(data.labels))
     assert (theirs - ours).abs().max().item() < 1e-4
-    saved = runs(cfg).layout.predictions(runs(cfg).label, "wiki_topics", "fr", 1, 4)
+    r = stage_plan(cfg, "evaluate").runs
+    saved = r.layout.predictions(r.label, "wiki_topics", "fr", 1, 4)
     predicted = [json.loads(line)["predicted"] for line in Path(saved).read_text().splitlines()]
     assert [model.labels[i] for i in theirs.argmax(-1).tolist()] == predicted
 

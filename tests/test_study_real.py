@@ -26,11 +26,12 @@ def test_both_variants_run_the_same_systems_model_and_task_over_smollm2():
 def test_a_public_primary_has_no_step_1_in_the_costs_or_the_plan():
     from minimodel.cluster.launcher import plan_rows
     from minimodel.report.costs import cost_rows
-    from minimodel.systems import external_primary, of
+    from minimodel.systems import stage_plan
 
     for system in ("bl_base", "minipost"):
         cfg = config("study_real_gpu", f"system={system}")
-        assert external_primary(cfg) and "pretrain" not in of(cfg).steps(True)
+        plan = stage_plan(cfg, "pretrain")
+        assert plan.external_primary and "pretrain" not in plan.steps and not plan.runs_here
         rows = cost_rows(cfg)
         assert rows[0]["flops"] == 0.0 and "public model" in rows[0]["step"]
         plan = plan_rows(cfg, {"bridge": 1, "adapt": 1, "finetune": 1}, 79.0)

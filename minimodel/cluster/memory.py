@@ -51,7 +51,7 @@ from minimodel.config.schema import ExperimentConfig, ModelConfig
 from minimodel.errors import ConfigError
 from minimodel.models import families
 from minimodel.models.families import predicted_rows
-from minimodel.systems import Body, adapt_depth, adapt_phases, external_primary, of
+from minimodel.systems import Body, stage_plan
 
 GiB = 2**30
 CONTEXT_GIB = 1.0  # CUDA context (~0.5 GiB), cuBLAS workspaces, NCCL buffers: outside torch's tensors
@@ -190,14 +190,14 @@ def stage_models(cfg: ExperimentConfig) -> list[StageModel]:
     frozen, the copied layers below it too); adaptation its step-2 body (``systems``: the whole model, MiniJoint's
     bottom layers or the bridged mini-model; with ``adapt.schedule`` its deepest phase) over the target
     vocabulary; finetuning the primary model at the longest ``max_len`` of its tasks, embeddings frozen."""
-    s, m, d = of(cfg), cfg.model, cfg.data
+    pretrain, adapt = stage_plan(cfg, "pretrain"), stage_plan(cfg, "adapt")
+    s, m, d = pretrain.system, cfg.model, cfg.data
     lm = "LM" if families.causal(m) else "MLM"
     out: list[StageModel] = []
-    external = external_primary(cfg)
-    if external:  # a public model (bridge.source): no step 1 here
+    if pretrain.external_primary:  # a public model (bridge.source): no step 1 here
         out.append(StageModel("pretrain", f"none (the public model {cfg.bridge.source})", 0, 0, 0, 0, 0, "none", 0,
                               "train", m.vocab_size, d.seq_len, 0, 0, cfg.pretrain.trainer.precision))
-    elif "pretrain" in s.steps():
+    elif pretrain.runs_here:
         p, heads = cfg.pretrain.optim, len(m.head_names)
         params = (embedding_params(m, m.vocab_size) + m.layers * layer_params(m)
                   + heads * head_params(m, m.vocab_size) + output_params(m, m.vocab_size))
@@ -216,9 +216,9 @@ def stage_models(cfg: ExperimentConfig) -> list[StageModel]:
             "bridge", f"{b.depth} copied + {b.layers} trained layers", params, b.layers * layer_params(m),
             b.layers * layer_linear(m) + head_linear(m) + m.vocab_size * m.hidden, b.layers, 0, "none", 1, "frozen",
             m.vocab_size, d.seq_len, b.optim.micro_batch, b.optim.global_batch, b.trainer.precision))
-    a, vocab, depth = cfg.adapt.optim, d.vocab_size, adapt_depth(cfg)
-    heads = len(adapt_phases(cfg)) if cfg.adapt.schedule else 1  # a staged body holds every phase's head
-    body = {Body.OWN: "whole model", Body.HEAD: "bottom layers", Body.BRIDGE: "bridged mini-model"}[s.body]
+    a, vocab, depth = cfg.adapt.optim, d.vocab_size, adapt.depth
+    heads = len(adapt.phases) if cfg.adapt.schedule else 1  # a staged body holds every phase's head
+    body = {Body.OWN: "whole model", Body.HEAD: "bottom layers", Body.BRIDGE: "bridged mini-model"}[adapt.body]
     # trained: the new embeddings, the heads' one output bias (tie_biases) and an untied output projection
     learned = vocab * m.hidden + (vocab if families.of(m).output_bias else 0) + output_params(m, vocab)
     out.append(StageModel(

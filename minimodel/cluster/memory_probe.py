@@ -42,7 +42,7 @@ from minimodel.models.surgery import (
     swap_embeddings,
     tie_biases,
 )
-from minimodel.systems import Body, adapt_depth, adapt_head, adapt_phases, of
+from minimodel.systems import Body, stage_plan
 
 N_SPECIAL = 5  # <s> <pad> </s> <unk> <mask>: never drawn as a token
 
@@ -122,12 +122,13 @@ def build_stage(cfg: ExperimentConfig, stage: str) -> StageUnderTest:
         return StageUnderTest(stage, model, mlm_loss(model), m.vocab_size, d.seq_len, b.optim.micro_batch,
                               b.trainer.precision, causal=lm)
     if stage == "adapt":
-        kind = of(cfg).body
+        plan = stage_plan(cfg, "adapt")
+        kind = plan.body
         primary = build(m)
         if cfg.adapt.schedule:
-            body, _ = staged_body(primary, [p.head for p in adapt_phases(cfg)])
+            body, _ = staged_body(primary, [p.head for p in plan.phases])
         elif kind is Body.HEAD:
-            body = extract_mini(primary, adapt_depth(cfg), adapt_head(cfg))
+            body = extract_mini(primary, plan.depth, plan.head)
         elif kind is Body.BRIDGE:
             body = build_minipost(primary_only(primary), cfg.bridge.depth, cfg.bridge.layers)
         else:

@@ -27,14 +27,14 @@ from minimodel.models.families import causal
 from minimodel.store import atomic
 from minimodel.store.layout import Prepared, prepared
 from minimodel.store.locks import exclusive
-from minimodel.systems import source_tokenizer
+from minimodel.systems import stage_plan
 
 log = get_logger(__name__)
 
 
 def prepared_paths(cfg: ExperimentConfig, lang: str) -> Prepared:
     """Tokenizer and shards of ``lang`` (the source language may use a Hugging Face tokenizer)."""
-    return prepared(cfg.data.prepared_dir, lang, source_tokenizer(cfg) if lang == cfg.source_lang else "")
+    return prepared(cfg.data.prepared_dir, lang, stage_plan(cfg, "prepare").tokenizer if lang == cfg.source_lang else "")
 
 
 def prepare_settings(cfg: ExperimentConfig, lang: str) -> dict:

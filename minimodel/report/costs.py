@@ -12,42 +12,42 @@ from minimodel.models.families import predicted_share
 def cost_rows(cfg: ExperimentConfig) -> list[dict]:
     """One row per training step of the experiment's system: what trains, over how many layers, and its cost
     (A1 pretraining, A4 bridge, A3 adaptation over the step-2 body; ``systems.FORMULAS``)."""
-    system, m, d = systems.of(cfg), cfg.model, cfg.data
+    pre, bridge, adapt = (systems.stage_plan(cfg, s) for s in ("pretrain", "bridge", "adapt"))
+    system, m, d = pre.system, cfg.model, cfg.data
     # p: the share of positions the LM head scores (data.mask_prob; 1 for a causal LM, families.predicted_share)
     common = dict(hidden=m.hidden, seq_len=d.seq_len, vocab=m.vocab_size, mask_prob=predicted_share(cfg),
                   shape=LayerShape.of(m))
     p = cfg.pretrain.optim
     extra = len(m.mini_heads)
     shared = f" ({systems.get(system.primary_from).title}, shared)" if system.primary_from else ""
-    if systems.external_primary(cfg):  # a public model: its pretraining was not run here (and is not priced)
+    if pre.external_primary:  # a public model: its pretraining was not run here (and is not priced)
         rows = [{"step": f"1 pretrain (none: the public model {cfg.bridge.source})", "formula": "—",
                  "layers": m.layers, "updates": 0, "batch": 0, "flops": 0.0}]
     else:
         rows = [{"step": "1 pretrain" + shared,
-                 "formula": systems.FORMULAS["pretrain"] + (f" + {extra} head" if extra else ""),
-                 "layers": m.layers, "updates": p.updates, "batch": p.global_batch,
+                 "formula": pre.formula + (f" + {extra} head" if extra else ""),
+                 "layers": pre.layers, "updates": p.updates, "batch": p.global_batch,
                  "flops": pretrain_flops(m.layers, batch=p.global_batch, updates=p.updates, extra_heads=extra,
                                          **common)}]
-    if system.bridge:
-        b = cfg.bridge
-        layers = b.depth + b.layers
-        rows.append({"step": "1b bridge", "formula": systems.FORMULAS["bridge"], "layers": layers,
+    if bridge.runs_here:
+        b, layers = cfg.bridge, bridge.layers
+        rows.append({"step": "1b bridge", "formula": bridge.formula, "layers": layers,
                      "updates": b.optim.updates, "batch": b.optim.global_batch,
                      "flops": bridge_flops(layers, batch=b.optim.global_batch, updates=b.optim.updates,
                                            trainable_layers=b.layers, **common)})
-    a, phases = cfg.adapt.optim, systems.adapt_phases(cfg)
+    a, phases = cfg.adapt.optim, adapt.phases
     common = {**common, "vocab": d.vocab_size}  # step 2 projects onto the target vocabulary (data.vocab_size)
     for p in phases if len(phases) > 1 else []:  # progressive adaptation: each phase at its own depth
-        rows.append({"step": f"2 adapt phase {p.head} (per language)", "formula": systems.FORMULAS["adapt"],
+        rows.append({"step": f"2 adapt phase {p.head} (per language)", "formula": adapt.formula,
                      "layers": p.depth, "updates": p.end - p.start, "batch": a.global_batch,
                      "flops": adapt_flops(p.depth, batch=a.global_batch, updates=p.end - p.start, **common)})
     per_lang = sum(adapt_flops(p.depth, batch=a.global_batch, updates=p.end - p.start, **common) for p in phases)
     depth: int | str = phases[0].depth if len(phases) == 1 else "/".join(str(p.depth) for p in phases)
-    rows.append({"step": "2 adapt (per language)", "formula": systems.FORMULAS["adapt"], "layers": depth,
+    rows.append({"step": "2 adapt (per language)", "formula": adapt.formula, "layers": depth,
                  "updates": a.updates, "batch": a.global_batch, "flops": per_lang})
     n = len(cfg.target_langs)
     if n > 1:
-        rows.append({"step": f"2 adapt ({n} languages)", "formula": systems.FORMULAS["adapt"], "layers": depth,
+        rows.append({"step": f"2 adapt ({n} languages)", "formula": adapt.formula, "layers": depth,
                      "updates": a.updates * n, "batch": a.global_batch, "flops": per_lang * n})
     for r in rows:
         r["v100_days"] = v100_days(r["flops"])

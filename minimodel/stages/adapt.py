@@ -48,47 +48,48 @@ from minimodel.store.layout import (
     last_checkpoint,
 )
 from minimodel.store.provenance import producers
-from minimodel.systems import Body, Phase, adapt_depth, adapt_phases, mini_head, of, runs
+from minimodel.systems import Body, Phase, StagePlan, stage_plan
 from minimodel.training.mlm import MLMModule
 from minimodel.training.runner import Runner, Stage, StageResult, Training
 
 log = get_logger(__name__)
 
 # How each kind of step-2 body is cut from the finished checkpoint of the run it comes from.
-BODIES: dict[Body, Callable[[RobertaMLM, ExperimentConfig], RobertaMLM]] = {
-    Body.OWN: lambda model, cfg: primary_only(model),
-    Body.HEAD: lambda model, cfg: extract_mini(model, adapt_depth(cfg), mini_head(cfg)),
-    Body.BRIDGE: lambda model, cfg: model,
+BODIES: dict[Body, Callable[[RobertaMLM, StagePlan], RobertaMLM]] = {
+    Body.OWN: lambda model, plan: primary_only(model),
+    Body.HEAD: lambda model, plan: extract_mini(model, plan.depth, plan.head),
+    Body.BRIDGE: lambda model, plan: model,
 }
 
 
-def adaptation_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str, TrainingMeta]:
+def adaptation_body(cfg: ExperimentConfig, plan: StagePlan) -> tuple[RobertaMLM, str, TrainingMeta]:
     """The frozen body that step 2 trains embeddings over, the checkpoint it came from and its metadata.
     With ``adapt.schedule`` (progressive adaptation): the layers up to the deepest phase's head with every
     phase's head, their output biases tied into one."""
-    r, kind = runs(cfg), of(cfg).body
-    if r.body is None:  # standard adaptation over a public primary model (bridge.source): no run to read
+    r, kind = plan.runs, plan.body
+    if not plan.reads:  # standard adaptation over a public primary model (bridge.source): no run to read
         from minimodel.stages.bridge import load_primary
 
         model, trained_with = load_primary(r.primary, cfg.model.family)
         meta = TrainingMeta(stage="external", system=cfg.system, lang=cfg.source_lang,
                             model_config=asdict(model.cfg), tokenizer=trained_with)
-        return BODIES[kind](model, cfg), r.primary, meta
-    if not is_done(r.body):
+        return BODIES[kind](model, plan), r.primary, meta
+    (run,) = plan.reads
+    if not is_done(run):
         step = "`minimodel bridge`" if kind is Body.BRIDGE else "`minimodel pretrain`"
-        raise CheckpointError(f"adaptation needs a finished {r.body.name} run: {r.body} is not complete (run {step} first)")
-    source = last_checkpoint(r.body)
+        raise CheckpointError(f"adaptation needs a finished {run.name} run: {run} is not complete (run {step} first)")
+    source = last_checkpoint(run)
     model, meta = load_trained_model(source)
     if cfg.adapt.schedule:
-        body, _ = staged_body(model, [p.head for p in adapt_phases(cfg)])
+        body, _ = staged_body(model, [p.head for p in plan.phases])
         return body, str(source), meta
-    return BODIES[kind](model, cfg), str(source), meta
+    return BODIES[kind](model, plan), str(source), meta
 
 
-def phase_heads(cfg: ExperimentConfig) -> list[tuple[Phase, str]]:
+def phase_heads(cfg: ExperimentConfig, plan: StagePlan) -> list[tuple[Phase, str]]:
     """Each phase of step 2 with the name of its head in the adaptation body (``staged_body``; one phase over
     the body's primary head without a schedule)."""
-    phases = adapt_phases(cfg)
+    phases = plan.phases
     if not cfg.adapt.schedule:
         return [(phases[0], PRIMARY)]
     names = staged_names(cfg.model, [p.head for p in phases])
@@ -200,17 +201,17 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         raise ConfigError("adapt needs a target language: add lang=xx (e.g. lang=de)")
     if cfg.lang == cfg.source_lang:
         raise ConfigError(f"lang={cfg.lang} is the source language")
-    a, r = cfg.adapt, runs(cfg)
-    run_dir = r.adapt(cfg.lang)
+    a, plan = cfg.adapt, stage_plan(cfg, "adapt")
+    run_dir = plan.writes
 
     def prepare() -> Inputs:
-        body, body_source, meta = adaptation_body(cfg)
+        body, body_source, meta = adaptation_body(cfg, plan)
         return Inputs(body, body_source, load_source_tokenizer(cfg, body, body_source, meta.tokenizer),
                       load_prepared_tokenizer(cfg, cfg.lang))
 
     def build(x: Inputs) -> Training:
         body, vocab = x.body, x.target_tok.vocab_size
-        phases = phase_heads(cfg)
+        phases = phase_heads(cfg, plan)
         initial = INITS[a.init](cfg, x, phases[0][1])  # the output bias from the first phase's head
         if initial.output is None:  # an untied output projection starts as the overlap initialisation
             initial.output = init_output(body, x.source_tok, x.target_tok, a.trainer.seed, phases[0][1])
@@ -233,7 +234,7 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         tokenizer = {"path": str(x.target_tok.path), "sha256": x.target_tok.sha256, "vocab_size": vocab}
         meta = TrainingMeta(stage="adapt", system=cfg.system, lang=cfg.lang, model_config=asdict(body.cfg),
                             tokenizer=tokenizer,
-                            extra={"body_layers": body.cfg.layers, "body": x.body_source, "primary": r.primary,
+                            extra={"body_layers": body.cfg.layers, "body": x.body_source, "primary": plan.runs.primary,
                                    "overlapping_pieces": overlap})
         staged = (lambda step: phase_at(phases, step)[1]) if cfg.adapt.schedule else None
         module = MLMModule(body, a.optim, meta, flops, trainable=adaptation_trainable, phase_head=staged,
@@ -244,7 +245,7 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
             spent = module.cumulative_flops(step)
             payload = Adaptation(system=cfg.system, lang=cfg.lang, **adaptation_state(module.model),
                                  tokenizer=tokenizer, step=step, flops=spent, v100_days=v100_days(spent),
-                                 body=x.body_source, body_layers=body.cfg.layers, primary=r.primary,
+                                 body=x.body_source, body_layers=body.cfg.layers, primary=plan.runs.primary,
                                  overlapping_pieces=overlap,
                                  phase=phase_at(phases, max(step - 1, 0))[0].head if cfg.adapt.schedule else "")
             path = adaptation_checkpoint(run_dir, step)
@@ -261,4 +262,4 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
                         replace(a.trainer, ckpt_steps=ends), flops_per_update=flops, tokens_per_update=a.optim.global_batch * cfg.data.seq_len,
                         keep_steps=False, export=export, finish=finish)
 
-    return Runner(cfg, Stage(f"adapt/{cfg.lang}", run_dir, a.trainer.seed, inputs=producers(body=r.body)), prepare, build).run(progress_bar)
+    return Runner(cfg, Stage(f"adapt/{cfg.lang}", run_dir, a.trainer.seed, inputs=producers(body=plan.runs.body)), prepare, build).run(progress_bar)

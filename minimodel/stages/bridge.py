@@ -21,7 +21,7 @@ from minimodel.models.surgery import bridge_trainable, build_minipost, primary_o
 from minimodel.store.checkpoints import CheckpointError, TrainingMeta, load_trained_model
 from minimodel.store.layout import is_done
 from minimodel.store.provenance import producers
-from minimodel.systems import of, runs
+from minimodel.systems import stage_plan
 from minimodel.training.mlm import MLMModule
 from minimodel.training.runner import Runner, Stage, StageResult, Training
 
@@ -42,14 +42,16 @@ def load_primary(source: str, family: str = DEFAULT_FAMILY) -> tuple[RobertaMLM,
 
 
 def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
-    if not of(cfg).bridge:
+    plan = stage_plan(cfg, "bridge")
+    if not plan.runs_here:
         raise ConfigError(f"system {cfg.system} has no bridge (step 1b)")
-    b, r = cfg.bridge, runs(cfg)
+    b, r = cfg.bridge, plan.runs
 
     def prepare() -> tuple[RobertaMLM, AnyTokenizer]:
-        if r.pretrain is not None and not is_done(r.pretrain):
-            raise CheckpointError(f"the bridge needs a finished primary model: {r.pretrain} is not complete "
-                                  f"(pretrain it first, or set bridge.source)")
+        for run in plan.reads:  # the primary model's run, when it is one of this experiment
+            if not is_done(run):
+                raise CheckpointError(f"the bridge needs a finished primary model: {run} is not complete "
+                                      f"(pretrain it first, or set bridge.source)")
         primary, trained_with = load_primary(r.primary, cfg.model.family)
         return primary, load_source_tokenizer(cfg, primary, f"bridge.source={r.primary}", trained_with)
 
@@ -69,4 +71,4 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         return Training(module, mlm_datamodule(cfg, cfg.source_lang, b.optim, b.trainer.seed, tok), b.optim, b.trainer,
                         flops_per_update=flops, tokens_per_update=b.optim.global_batch * cfg.data.seq_len)
 
-    return Runner(cfg, Stage("bridge", r.bridge, b.trainer.seed, inputs=producers(pretrain=r.pretrain)), prepare, build).run(progress_bar)
+    return Runner(cfg, Stage("bridge", plan.writes, b.trainer.seed, inputs=producers(pretrain=r.pretrain)), prepare, build).run(progress_bar)

@@ -53,7 +53,7 @@ from minimodel.store.results import KEY, ResultsTable
 from minimodel.store.truncation import Truncation, say
 from minimodel.store.truncation import write as write_truncation
 from minimodel.store.wandb_results import ResultsLogger
-from minimodel.systems import Runs, of, runs
+from minimodel.systems import Runs, StagePlan, stage_plan
 from minimodel.training.device import cuda_in_use
 
 log = get_logger(__name__)
@@ -65,13 +65,13 @@ def device_for(cfg: ExperimentConfig, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def english_rows(cfg: ExperimentConfig, task: str, seed: int, body: str) -> list[dict]:
+def english_rows(cfg: ExperimentConfig, r: Runs, task: str, seed: int, body: str) -> list[dict]:
     """Rows of the English scores a finished finetuning run recorded (Table 5)."""
-    run = runs(cfg).finetune(task, seed, body)
+    run = r.finetune(task, seed, body)
     info = read_done(run)
     if info is None:
         return []
-    base = {"system": runs(cfg).label, "body": body, "task": task, "lang": cfg.source_lang, "seed": seed, "step": -1,
+    base = {"system": r.label, "body": body, "task": task, "lang": cfg.source_lang, "seed": seed, "step": -1,
             "flops": 0.0, "v100_days": 0.0, "pretrain_seed": cfg.pretrain.trainer.seed,
             "finetune_id": run_identity(run)}
     return [{**base, "split": split, "metric": metric, "value": value}
@@ -158,13 +158,13 @@ def run_evaluate(cfg: ExperimentConfig, progress: bool = True) -> Evaluation:
     """Every missing result row of the system (or of ``task``/``seed``/``lang``), holding the lock of that selection:
     evaluations of disjoint selections (one per language, one per GPU) run at once and append to one results
     file without duplicates. Stops after the current row on SIGUSR1/SIGTERM (rerun to resume)."""
-    r = runs(cfg)
-    sel = selection(cfg)
+    plan = stage_plan(cfg, "evaluate")
+    r, sel = plan.runs, selection(cfg)
     with exclusive(r.results.parent / f".evaluate-{sel}", f"evaluation of {r.label} ({sel})"):
         wandb = ResultsLogger(cfg, r.label, r.results.parent)
         try:
             with _StopOnSignal() as stop:
-                return _evaluate(cfg, r, progress, wandb, stop)
+                return _evaluate(cfg, plan, progress, wandb, stop)
         finally:
             wandb.close()
 
@@ -240,13 +240,13 @@ def data_ids(cfg: ExperimentConfig, tasks: list[str], langs: set[str]) -> dict[t
     return out
 
 
-def remove_stale(cfg: ExperimentConfig, r: Runs, table: ResultsTable, tasks: list[str], seeds: list[int],
+def remove_stale(cfg: ExperimentConfig, plan: StagePlan, table: ResultsTable, tasks: list[str], seeds: list[int],
                  langs: set[str], data: dict[tuple[str, str], str]) -> None:
     """Rows of the selection whose adaptation or finetuning run was redone since they were written (other
     identities, ``provenance``), or whose evaluation data changed since (``data``: ``data_ids``), are removed,
     with their predictions files: the evaluation then computes them again from the runs and data as they are now."""
-    bodies = ("primary", "mini") if of(cfg).mini_finetune else ("primary",)
-    finetuned = {(t, s, b): run_identity(r.finetune(t, s, b)) for t in tasks for s in seeds for b in bodies}
+    r = plan.runs
+    finetuned = {(t, s, b): run_identity(r.finetune(t, s, b)) for t in tasks for s in seeds for b in plan.bodies}
     adapted = {lang: run_identity(r.adapt(lang)) for lang in langs}
     current: dict[tuple, dict[str, str | None]] = {}
     for (task, seed, body), ft in finetuned.items():
@@ -282,33 +282,34 @@ def record_english_truncation(r: Runs, tasks: list[str], seeds: list[int]) -> No
                 break
 
 
-def _evaluate(cfg: ExperimentConfig, r: Runs, progress: bool, wandb: ResultsLogger, stop: _StopOnSignal) -> Evaluation:
+def _evaluate(cfg: ExperimentConfig, plan: StagePlan, progress: bool, wandb: ResultsLogger, stop: _StopOnSignal
+              ) -> Evaluation:
+    r = plan.runs
     table = ResultsTable(r.results)
     tasks = [cfg.task] if cfg.task else list(cfg.finetune.tasks)
     seeds = [cfg.seed] if cfg.seed else list(cfg.finetune.seeds)
     rank, world, local = shard()
     device = device_for(cfg, local)
     cache: dict[tuple[str, tuple[str, ...], str], tuple[AnyTokenizer, list, list]] = {}
-    plan, finals = evaluation_plan(cfg, r, tasks, seeds)
-    data_id = data_ids(cfg, tasks, {lang for _, _, lang, _ in plan})
-    remove_stale(cfg, r, table, tasks, seeds, {lang for _, _, lang, _ in plan}, data_id)
+    evaluations, finals = evaluation_plan(cfg, r, tasks, seeds)
+    data_id = data_ids(cfg, tasks, {lang for _, _, lang, _ in evaluations})
+    remove_stale(cfg, plan, table, tasks, seeds, {lang for _, _, lang, _ in evaluations}, data_id)
     done = {tuple(row[k] for k in KEY) for row in table.rows() if row["split"] == cfg.evaluate.split}
     keep = cfg.evaluate.save_predictions
-    bodies = ("primary", "mini") if of(cfg).mini_finetune else ("primary",)
-    english = [row for task in tasks for seed in seeds for body in bodies
-               for row in english_rows(cfg, task, seed, body) if tuple(row[k] for k in KEY) not in done]
+    english = [row for task in tasks for seed in seeds for body in plan.bodies
+               for row in english_rows(cfg, r, task, seed, body) if tuple(row[k] for k in KEY) not in done]
     english = table.append(english) if rank == 0 else []
     if rank == 0:
         record_english_truncation(r, tasks, seeds)
     for key in dict.fromkeys((row["task"], row["seed"], row["body"]) for row in english):
         wandb.log([row for row in english if (row["task"], row["seed"], row["body"]) == key])
-    todo = [p for p in plan if (r.label, "primary", p[0], p[2], p[1], checkpoint_step(p[3])) not in done]
+    todo = [p for p in evaluations if (r.label, "primary", p[0], p[2], p[1], checkpoint_step(p[3])) not in done]
     # one process per GPU: every world-th (task, seed, language) of the whole plan (the same share whatever is
     # done already, so a requeued process picks up its own share)
-    units = list(dict.fromkeys((task, seed, lang) for task, seed, lang, _ in plan))[rank::world]
+    units = list(dict.fromkeys((task, seed, lang) for task, seed, lang, _ in evaluations))[rank::world]
     mine = [p for p in todo if p[:3] in units]
-    log.info(f"evaluate {r.label}: {len(plan)} (task, seed, language, checkpoint) evaluations, "
-             f"{len(plan) - len(todo)} already in {table.path}")
+    log.info(f"evaluate {r.label}: {len(evaluations)} (task, seed, language, checkpoint) evaluations, "
+             f"{len(evaluations) - len(todo)} already in {table.path}")
     started = time.perf_counter()
     if world > 1:
         log.info(f"process {rank} of {world}: {len(mine)} of them, on {device}")

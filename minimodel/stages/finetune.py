@@ -42,7 +42,7 @@ from minimodel.store.checkpoints import CheckpointError, Finetuned, TrainingMeta
 from minimodel.store.layout import finetuned_model, is_done, read_done
 from minimodel.store.provenance import producers
 from minimodel.store.truncation import Truncation, say
-from minimodel.systems import adapt_depth, external_primary, mini_head, runs
+from minimodel.systems import StagePlan, stage_plan
 from minimodel.training.optim import UpdateGuard, lightning_optim
 from minimodel.training.runner import Outcome, Runner, Stage, StageResult, Training
 
@@ -160,11 +160,11 @@ class FinetuneModule(L.LightningModule):
         self.guard.load_state_dict(checkpoint.get("update_guard", {}))
 
 
-def finetune_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str, dict]:
+def finetune_body(cfg: ExperimentConfig, plan: StagePlan) -> tuple[RobertaMLM, str, dict]:
     """The model step 3 finetunes: the primary model (a run of this experiment, or ``bridge.source``), or with
     ``body=mini`` the mini-model cut from it; the checkpoint it came from and the tokenizer record stored there."""
-    r = runs(cfg)
-    if external_primary(cfg):
+    r = plan.runs
+    if plan.external_primary:
         from minimodel.stages.bridge import load_primary
 
         model, trained_with = load_primary(r.primary, cfg.model.family)
@@ -172,12 +172,12 @@ def finetune_body(cfg: ExperimentConfig) -> tuple[RobertaMLM, str, dict]:
     path = Path(r.primary)
     if not path.exists():
         raise CheckpointError(f"finetuning needs the step-1 model {path}: run `minimodel pretrain` first")
-    if r.pretrain is not None and not is_done(r.pretrain):
+    if any(not is_done(run) for run in plan.reads):
         raise CheckpointError(f"finetuning needs a finished step-1 model: {r.pretrain} is not complete (no "
                               f"done.json; it stopped early): finish `minimodel pretrain` first")
     model, meta = load_trained_model(path)
     if cfg.body == "mini":
-        return extract_mini(model, adapt_depth(cfg), mini_head(cfg)), r.primary, meta.tokenizer
+        return extract_mini(model, plan.depth, plan.head), r.primary, meta.tokenizer
     return primary_only(model), r.primary, meta.tokenizer
 
 
@@ -238,7 +238,8 @@ def log_training_subset(data: TaskData, used: list[dict]) -> None:
 
 
 def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool = True) -> StageResult:
-    r = runs(cfg)
+    plan = stage_plan(cfg, "finetune")
+    r = plan.runs
     run_dir = r.finetune(task, seed, cfg.body)
 
     def prepare() -> TaskData:
@@ -246,7 +247,7 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
         return TaskData(task, cfg.tasks[task])
 
     def build(data: TaskData) -> Training:  # seeded: building the body draws, and so does the head's init
-        body, source, trained_with = finetune_body(cfg)
+        body, source, trained_with = finetune_body(cfg, plan)
         tok = load_source_tokenizer(cfg, body, source, trained_with)
         train_records = data.train_records()
         log_training_subset(data, train_records)

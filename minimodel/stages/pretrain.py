@@ -15,17 +15,18 @@ from minimodel.flops import LayerShape, pretrain_flops
 from minimodel.models.families import build as build_model
 from minimodel.models.families import predicted_share
 from minimodel.store.checkpoints import TrainingMeta
-from minimodel.systems import external_primary, of, runs
+from minimodel.systems import stage_plan
 from minimodel.training.mlm import MLMModule
 from minimodel.training.runner import Runner, Stage, StageResult, Training
 
 
 def run_pretrain(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
     """Train (or resume, or skip if finished) step 1."""
-    if "pretrain" not in of(cfg).steps(external_primary(cfg)):
+    plan = stage_plan(cfg, "pretrain")
+    if not plan.runs_here:
         raise ConfigError(f"system {cfg.system} has no step 1 of its own: its primary model is "
-                          f"{runs(cfg).primary} (pretrain that system instead)")
-    run_dir = runs(cfg).layout.pretrain(cfg.label)
+                          f"{plan.runs.primary} (pretrain that system instead)")
+    run_dir = plan.writes
     p, t = cfg.pretrain.optim, cfg.pretrain.trainer
 
     def build(tok: AnyTokenizer) -> Training:
