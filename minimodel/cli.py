@@ -111,14 +111,14 @@ def cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     return ""
 
 
-def variant_infos(config: str, overrides: list[str]) -> dict[str, Any]:
-    """What every MiniJoint-like variant (a head of its own model) of the experiment is (``claims.VariantInfo``)."""
-    from minimodel.pipeline import variants
+def variant_infos(vs: list[Any]) -> dict[str, Any]:
+    """What every MiniJoint-like variant (a head of its own model) of the experiment's variants ``vs``
+    (``pipeline.variants``) is (``claims.VariantInfo``)."""
     from minimodel.report.claims import VariantInfo
     from minimodel.systems import Body, stage_plan
 
     out: dict[str, Any] = {}
-    for v in variants(config, overrides):  # keyed as reports name systems: pretraining seeds pooled
+    for v in vs:  # keyed as reports name systems: pretraining seeds pooled
         plan = stage_plan(v.cfg, "adapt")
         if plan.body is not Body.HEAD:
             continue
@@ -130,12 +130,10 @@ def variant_infos(config: str, overrides: list[str]) -> dict[str, Any]:
     return out
 
 
-def init_twins(config: str, overrides: list[str]) -> dict[str, str]:
+def init_twins(vs: list[Any]) -> dict[str, str]:
     """Label of each row adapted from another initialisation than overlap (``adapt.init``, a tagged step-2 variant)
-    -> the label of the same system adapted from overlap, when the experiment has it (reports pool seeds)."""
-    from minimodel.pipeline import variants
-
-    vs = variants(config, overrides)
+    -> the label of the same system adapted from overlap, when the experiment's variants ``vs`` have it (reports
+    pool seeds)."""
     plain = {pooled_label(v.label, v.cfg.pretrain.trainer.seed) for v in vs if v.cfg.adapt.init == "overlap"}
     out: dict[str, str] = {}
     for v in vs:
@@ -157,9 +155,10 @@ def dev_checks(cfg: ExperimentConfig, baselines: dict[tuple[str, str], dict[str,
     return DevChecks(r.languages, r.transfer_margin, r.plateau_share, r.plateau_points, baselines) if cfg.evaluate.dev else None
 
 
-def mini_depths(config: str, overrides: list[str]) -> dict[str, int]:
-    """Depth of the mini-model of every dedicated single-head MiniJoint variant (the paper's depth claim)."""
-    return {label: v.depth for label, v in variant_infos(config, overrides).items() if v.plain}
+def mini_depths(infos: dict[str, Any]) -> dict[str, int]:
+    """Depth of the mini-model of every dedicated single-head MiniJoint variant (the paper's depth claim), from
+    ``variant_infos``."""
+    return {label: v.depth for label, v in infos.items() if v.plain}
 
 
 def report_tasks(cfg: ExperimentConfig) -> list[str]:
@@ -195,10 +194,13 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
         except Exception as e:  # the hub may be out of reach: the report goes on without the baseline
             log.warning(f"no majority-class baseline for {task}: {e}")
     checks = dev_checks(cfg, dev)
+    from minimodel.pipeline import variants
+
+    vs = variants(args.config, args.overrides)  # composed once: each variant loads the experiment again
+    infos = variant_infos(vs)
     path = write_report(cfg.runs_dir, cfg.name, out=Path(args.out) if args.out else None, baselines=baselines,
-                        depths=mini_depths(args.config, args.overrides),
-                        variants=variant_infos(args.config, args.overrides), main_metrics=main_metrics,
-                        split=cfg.evaluate.split, checks=checks, inits=init_twins(args.config, args.overrides),
+                        depths=mini_depths(infos), variants=infos, main_metrics=main_metrics,
+                        split=cfg.evaluate.split, checks=checks, inits=init_twins(vs),
                         family=families.of(cfg.model))
     print(summary(cfg.runs_dir, cfg.name, baselines=baselines, main_metrics=main_metrics, split=cfg.evaluate.split,
                   checks=checks))

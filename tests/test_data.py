@@ -192,3 +192,28 @@ def test_a_workers_dataset_pickles_small(prepared):
         assert len(pickle.dumps(ds)) < 16 * 1024
         copy = pickle.loads(pickle.dumps(ds))
         assert [copy.block_at(g) for g in range(2 * len(ds))] == [ds.block_at(g) for g in range(2 * len(ds))]
+
+
+def test_a_gguf_tokenizer_is_converted_once_per_process_and_again_when_its_file_changes(tmp_path, monkeypatch):
+    """``HFTokenizer`` over a GGUF file keeps transformers' conversion (seconds for a real vocabulary) for the
+    process, keyed by the file's path, size and modification time."""
+    import minimodel.data.tokenizer as tokenizer
+
+    calls: list[tuple[str, dict]] = []
+
+    class Auto:
+        @staticmethod
+        def from_pretrained(where: str, **options: str) -> object:
+            calls.append((where, options))
+            return object()
+
+    monkeypatch.setattr(tokenizer, "_GGUF_TOKENIZERS", {})
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    options = {"gguf_file": "m.gguf"}
+    first = tokenizer._gguf_tokenizer(Auto, str(tmp_path), options)
+    assert tokenizer._gguf_tokenizer(Auto, str(tmp_path), options) is first and len(calls) == 1
+    st = model.stat()
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the file replaced by another
+    assert tokenizer._gguf_tokenizer(Auto, str(tmp_path), options) is not first and len(calls) == 2
+    assert calls == [(str(tmp_path), options)] * 2

@@ -121,11 +121,12 @@ def test_pretraining_variance_widens_the_interval():
 
 def test_claims_find_the_variants_of_a_sweep_run_at_another_pretraining_seed():
     from minimodel.cli import mini_depths, variant_infos
+    from minimodel.pipeline import variants
 
-    one = mini_depths(str(ROOT / "experiments" / "depth_sweep.yaml"), [])
-    two = mini_depths(str(ROOT / "experiments" / "depth_sweep.yaml"), ["pretrain.trainer.seed=2"])
+    one = mini_depths(variant_infos(variants(str(ROOT / "experiments" / "depth_sweep.yaml"), [])))
+    two = mini_depths(variant_infos(variants(str(ROOT / "experiments" / "depth_sweep.yaml"), ["pretrain.trainer.seed=2"])))
     assert two == one and one  # the report names them without -ps2
-    infos = variant_infos(str(EXP), ['sweep=["system=minijoint model.mini_heads=[2] pretrain.trainer.seed=2"]'])
+    infos = variant_infos(variants(str(EXP), ['sweep=["system=minijoint model.mini_heads=[2] pretrain.trainer.seed=2"]']))
     assert {k: v.pretraining for k, v in infos.items()} == {"minijoint": "minijoint"}
 
 

@@ -162,6 +162,21 @@ def wordpiece_surface(piece: str) -> str:
     return piece[2:] if piece.startswith("##") else WORD_START + piece
 
 
+# A GGUF file's tokenizer, converted once per process: transformers decodes the file's whole vocabulary and merges
+# into a fast tokenizer on every load (5-8 s for SmolLM2's 49,152 pieces), and every stage of `minimodel run` loads
+# the source tokenizer again. Keyed by the file's path, size and modification time: a file replaced is converted anew.
+_GGUF_TOKENIZERS: dict[tuple[str, int, int], Any] = {}
+
+
+def _gguf_tokenizer(auto: Any, where: str, options: dict[str, Any]) -> Any:
+    path = (Path(where) / options["gguf_file"]).resolve()
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _GGUF_TOKENIZERS:
+        _GGUF_TOKENIZERS[key] = auto.from_pretrained(where, **options)
+    return _GGUF_TOKENIZERS[key]
+
+
 class HFTokenizer:
     """A Hugging Face *fast* tokenizer (a model directory or a hub id) behind the ``Tokenizer`` interface.
 
@@ -184,7 +199,7 @@ class HFTokenizer:
                                  "pip install 'minimodel[hf]'") from e
         where, options = hf_source(ref)  # a GGUF file carries its tokenizer
         try:
-            self.hf = AutoTokenizer.from_pretrained(where, **options)
+            self.hf = _gguf_tokenizer(AutoTokenizer, where, options) if options else AutoTokenizer.from_pretrained(where)
         except Exception as e:  # OSError for a missing dir / unreachable hub, ValueError for a bad one
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             if Path(ref).is_dir():
