@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from statistics import fmean as mean
 from typing import Any
 
-from minimodel.report.curves import mean_curve, mean_days, speedups, time_to_target, uninformative_target
+from minimodel.report.curves import Point, mean_curve, mean_days, speedups, time_to_target, uninformative_target
 from minimodel.report.reading import NEAR_MAX, REFERENCE, Results
 from minimodel.report.statistics import Interval, Seeds, draw, percentile_interval
 
@@ -25,9 +25,23 @@ def seeds_of_system(res: Results, system: str) -> list[Seeds]:
     return sorted(found)
 
 
-def resample(res: Results, draws: Mapping[str, Sequence[Seeds]]) -> Results:
+def _curve(cache: dict | None, key: tuple, seeds: Mapping[Seeds, Sequence[Point]], chosen: Sequence[Seeds]
+           ) -> list[Point]:
+    """``mean_curve`` of the ``chosen`` seeds' curves, kept in ``cache`` under their multiset: a bootstrap draws the
+    same few multisets of a handful of seeds thousands of times, and the mean does not depend on their order (a
+    correctly rounded sum), so a kept curve is the one computing it again would give."""
+    if cache is None:
+        return mean_curve([seeds[x] for x in chosen])
+    k = (key, tuple(sorted(chosen)))
+    if k not in cache:
+        cache[k] = mean_curve([seeds[x] for x in chosen])
+    return cache[k]
+
+
+def resample(res: Results, draws: Mapping[str, Sequence[Seeds]], curves: dict | None = None) -> Results:
     """``res`` as if the seeds of each system were ``draws[system]`` (repeats allowed: a bootstrap resample);
-    systems not in ``draws`` keep their seeds. Curves are the averages over the drawn seeds."""
+    systems not in ``draws`` keep their seeds. Curves are the averages over the drawn seeds; ``curves`` keeps them
+    across resamples (``mean_curve`` depends on the drawn seeds as a multiset: its sums are correctly rounded)."""
     out = Results(metrics=res.metrics, baselines=res.baselines, n_rows=res.n_rows, split=res.split)
     for key, seeds in res.by_seed.items():
         if key[0] not in draws:  # not resampled: its curves as they are (the same mean: fsum does not depend on order)
@@ -36,7 +50,7 @@ def resample(res: Results, draws: Mapping[str, Sequence[Seeds]]) -> Results:
         chosen = [x for x in draws[key[0]] if x in seeds]
         if chosen:
             out.by_seed[key] = {(1, i): seeds[x] for i, x in enumerate(chosen)}
-            out.curves[key] = mean_curve([seeds[x] for x in chosen])
+            out.curves[key] = _curve(curves, key, seeds, chosen)
     for key, values in res.english_by_seed.items():
         if key[0] not in draws:
             out.english_by_seed[key], out.english[key] = values, res.english[key]
@@ -79,13 +93,14 @@ def bootstrap(res: Results, systems_: Sequence[str], estimate: Any, reps: int = 
     paired = len({tuple(v) for v in seeds.values()}) == 1
     rng = random.Random(seed)
     replicates = []
+    curves: dict = {}
     for _ in range(reps):
         if paired:
             drawn = draw(rng, seeds[systems_[0]])
             draws = {s: drawn for s in systems_}
         else:
             draws = {s: draw(rng, v) for s, v in seeds.items() if v}
-        replicates.append(estimate(resample(res, draws)))
+        replicates.append(estimate(resample(res, draws, curves)))
     return percentile_interval(estimate(res), replicates, level)
 
 
@@ -111,12 +126,13 @@ def time_to_target_interval(res: Results, system: str, task: str, reps: int = BO
                                                 for s in (system, REFERENCE) for lang in langs):
         return None
     paired = mine == ref
+    curves: dict = {}
 
     def estimate(my_seeds: Sequence[Seeds], ref_seeds: Sequence[Seeds]) -> tuple[float, float]:
         mine_days, ref_days, no_target = {}, {}, set()
         for lang in langs:
-            ref_curve = mean_curve([res.by_seed[(REFERENCE, task, lang)][x] for x in ref_seeds])
-            my_curve = mean_curve([res.by_seed[(system, task, lang)][x] for x in my_seeds])
+            ref_curve = _curve(curves, (REFERENCE, task, lang), res.by_seed[(REFERENCE, task, lang)], ref_seeds)
+            my_curve = _curve(curves, (system, task, lang), res.by_seed[(system, task, lang)], my_seeds)
             if not ref_curve or not my_curve:
                 return math.nan, math.nan
             target = NEAR_MAX * ref_curve[-1].score
