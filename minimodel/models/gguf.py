@@ -102,7 +102,7 @@ def gguf_summary(directory: str, name: str) -> str:
     from gguf import GGMLQuantizationType
 
     arch, types = gguf_header(Path(directory) / name)
-    counts = Counter(GGMLQuantizationType(t).name if t in GGMLQuantizationType._value2member_map_ else str(t)
-                     for t in types)
+    known = {int(t): t.name for t in GGMLQuantizationType}
+    counts = Counter(known.get(t, str(t)) for t in types)
     listed = ", ".join(f"{n} {t}" for t, n in counts.most_common())
     return f"GGUF {name} (architecture {arch}; {len(types)} tensors: {listed})"

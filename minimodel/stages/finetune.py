@@ -172,9 +172,10 @@ def finetune_body(cfg: ExperimentConfig, plan: StagePlan) -> tuple[RobertaMLM, s
     path = Path(r.primary)
     if not path.exists():
         raise CheckpointError(f"finetuning needs the step-1 model {path}: run `minimodel pretrain` first")
-    if any(not is_done(run) for run in plan.reads):
-        raise CheckpointError(f"finetuning needs a finished step-1 model: {r.pretrain} is not complete (no "
-                              f"done.json; it stopped early): finish `minimodel pretrain` first")
+    for run in plan.reads:  # the step-1 run, when the primary model is one of this experiment
+        if not is_done(run):
+            raise CheckpointError(f"finetuning needs a finished step-1 model: {run} is not complete (no "
+                                  f"done.json; it stopped early): finish `minimodel pretrain` first")
     model, meta = load_trained_model(path)
     if cfg.body == "mini":
         return extract_mini(model, plan.depth, plan.head), r.primary, meta.tokenizer
