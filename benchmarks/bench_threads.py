@@ -7,16 +7,21 @@ command line does). Loaded: ``--hogs`` processes spinning in pure Python beside 
 loaded twice over). Each run is one ``minimodel pretrain`` of the demo's BL_BASE (4 layers of width 64, 32 x 128
 tokens per update) in a fresh process, stopped cleanly after ``--minutes``; its speed is the median tokens/s of its
 logged intervals after the first. The figure of merit: each setting's loaded speed against the idle speed of the
-default setting of its time (idle old), as a slowdown ratio; target (issue 44): the new setting within 1.5x.
+default setting of its time (idle old), as a slowdown ratio.
 
 The floor: a process with one thread beside ``--hogs`` busy processes on ``cpus`` CPUs gets at best a fair share of
-``cpus / (hogs + 1)`` of one CPU (2/3 here), so no setting runs faster, loaded, than the idle one-thread speed (the
-third idle setting, ``one``: ``cpu.threads=1``) times that share. A third loaded setting, ``all``, keeps one thread per
-CPU with the new wait policy: a larger team takes more than a fair share of a busy machine, at the cost of waits. The floor ratio is idle old over that speed: on 2
-CPUs with 2 hogs it is 1.5x times what the second thread gains idle, so 1.5x is out of reach wherever two threads
-beat one. The benchmark reports it, and the new setting's ratio against it.
+``cpus / (hogs + 1)`` of one CPU (2/3 here), so no such setting runs faster, loaded, than the idle one-thread speed
+(the third idle setting, ``one``: ``cpu.threads=1``) times that share. The floor ratio is idle old over that speed: on
+2 CPUs with 2 hogs it is 1.5x times what the second thread gains idle, so issue 44's first target, 1.5x, is out of
+reach wherever two threads beat one. The target it was restated to: the new setting within 1.2x of the floor (it runs
+at its fair share, and nearly as fast as one thread can there). A third loaded setting, ``all``, keeps one thread per
+CPU with the new wait policy: a larger team may take more than a fair share of a busy machine, at the cost of waits.
 
-    .venv/bin/python benchmarks/bench_threads.py [--minutes 1.0] [--hogs 2] [--reps 1] [--json PATH]
+Each loaded run also records the CPU it and the hogs got (their CPU seconds over the run's wall time, in CPUs): what a
+setting takes from the other work on the machine. ``--hogs`` takes several counts (``--hogs 2 4``: loaded twice and
+three times over); the figure of merit and the floor are given for each.
+
+    .venv/bin/python benchmarks/bench_threads.py [--minutes 1.0] [--hogs 2 [4 ...]] [--reps 1] [--json PATH]
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import argparse
 import csv
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -54,7 +60,22 @@ def _cpu_times() -> list[int]:
         return []
 
 
-def run_stage(work: Path, name: str, setting: str, minutes: float, cpus: int) -> dict[str, float]:
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (/proc/PID/stat's fields 14 and 15)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_stage(work: Path, name: str, setting: str, minutes: float, cpus: int, hogs: list[int]) -> dict[str, float]:
     runs = work / "runs" / name
     args = [DEMO, "system=bl_base", f"runs_dir={runs}", f"data.prepared_dir={work / 'prepared'}", "data.num_workers=0",
             "logging.wandb=disabled", "pretrain.trainer.log_every=5", f"pretrain.trainer.max_minutes={minutes}",
@@ -66,9 +87,12 @@ def run_stage(work: Path, name: str, setting: str, minutes: float, cpus: int) ->
     elif setting == "all":  # every CPU, with the new wait policy (PASSIVE when the machine is busy at the start)
         args.append(f"cpu.threads={cpus}")
     start, before = time.monotonic(), _cpu_times()
+    own_before, hogs_before = _children_cpu_s(), sum(_proc_cpu_s(h) for h in hogs)
     proc = subprocess.run([PY, "-c", OLD if setting == "old" else NEW, "pretrain", *args], env=_env(), cwd=ROOT,
                           capture_output=True, text=True)
     wall, after = time.monotonic() - start, _cpu_times()
+    own_cpus = (_children_cpu_s() - own_before) / wall
+    hogs_cpus = (sum(_proc_cpu_s(h) for h in hogs) - hogs_before) / wall
     # the share of CPU time the hypervisor gave other machines (steal): a virtual machine's idle speed moves with it
     spent = [b - a for a, b in zip(before, after)]
     steal = 100.0 * spent[7] / sum(spent) if len(spent) > 7 and sum(spent) else 0.0
@@ -81,13 +105,13 @@ def run_stage(work: Path, name: str, setting: str, minutes: float, cpus: int) ->
     speeds = [float(r["perf/tokens_per_sec"]) for r in rows[1:]] or [float(r["perf/tokens_per_sec"]) for r in rows]
     updates = max(float(r["train/updates"]) for r in rows) if rows else 0.0
     return {"tokens_per_s": statistics.median(speeds) if speeds else 0.0, "updates": updates, "wall_s": wall,
-            "threads": chose, "steal_pct": steal}
+            "threads": chose, "steal_pct": steal, "stage_cpus": own_cpus, "hogs_cpus": hogs_cpus}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=1.0)
-    p.add_argument("--hogs", type=int, default=2)
+    p.add_argument("--hogs", type=int, nargs="+", default=[2])
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
@@ -98,44 +122,54 @@ def main() -> None:
                         "--langs=en", "--no-progress"], env=_env(), cwd=ROOT, check=True, capture_output=True)
         rows = []
         for rep in range(args.reps):
-            for load in ("idle", "loaded"):
-                hogs = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(args.hogs if load == "loaded"
-                                                                                       else 0)]
+            for n_hogs in (0, *args.hogs):
+                load = f"{n_hogs} hogs" if n_hogs else "idle"
+                hogs = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(n_hogs)]
                 try:
                     time.sleep(2 if hogs else 0)
                     for setting in ("old", "new", "all") if hogs else ("old", "new", "one"):
-                        row = {"rep": rep, "load": load, "setting": setting,
-                               **run_stage(work, f"{load}-{setting}-{rep}", setting, args.minutes, cpus)}
+                        row = {"rep": rep, "load": load, "hogs": n_hogs, "setting": setting,
+                               **run_stage(work, f"{n_hogs}-{setting}-{rep}", setting, args.minutes, cpus,
+                                           [h.pid for h in hogs])}
                         rows.append(row)
-                        print(f"{load:6} {setting}: {row['tokens_per_s']:9,.0f} tokens/s, {row['updates']:5.0f} updates "
-                              f"in {row['wall_s']:.0f} s (steal {row['steal_pct']:.1f}%); {row['threads']}", flush=True)
+                        print(f"{load:7} {setting}: {row['tokens_per_s']:9,.0f} tokens/s, {row['updates']:5.0f} "
+                              f"updates in {row['wall_s']:.0f} s (CPUs: stage {row['stage_cpus']:.2f}, hogs "
+                              f"{row['hogs_cpus']:.2f}; steal {row['steal_pct']:.1f}%); {row['threads']}", flush=True)
                 finally:
                     for h in hogs:
                         h.kill()
                         h.wait()
 
-    def speed(load: str, setting: str) -> float:
-        return statistics.median(r["tokens_per_s"] for r in rows if (r["load"], r["setting"]) == (load, setting))
+    def median(key: str, load: str, setting: str) -> float:
+        return statistics.median(r[key] for r in rows if (r["load"], r["setting"]) == (load, setting))
 
-    idle = speed("idle", "old")
-    ratios = {f"{load} {setting}": idle / speed(load, setting) for load in ("idle", "loaded") for setting in ("old", "new")}
-    print(f"\nslowdown against idle old ({idle:,.0f} tokens/s), {args.hogs} CPU hogs on {cpus} CPUs when loaded:")
-    for k, v in ratios.items():
-        print(f"  {k:12} {v:5.2f}x")
-    share = min(1.0, cpus / (args.hogs + 1))  # of one CPU, for a one-thread process under fair scheduling
-    floor = idle / (speed("idle", "one") * share)
-    print(f"  {'idle one':12} {idle / speed('idle', 'one'):5.2f}x (one thread, idle)")
-    ratios["idle one"], ratios["loaded all"] = idle / speed("idle", "one"), idle / speed("loaded", "all")
-    print(f"  {'loaded all':12} {ratios['loaded all']:5.2f}x ({cpus} threads, the new wait policy)")
-    met = ratios["loaded new"] <= 1.5
-    print(f"target (loaded new within 1.5x of idle): {'met' if met else 'not met'}")
-    print(f"floor: {floor:.2f}x (idle one-thread speed at a fair share of {share:.2f} CPU); loaded new is "
-          f"{ratios['loaded new'] / floor:.2f}x the floor")
+    idle = median("tokens_per_s", "idle", "old")
+    one = median("tokens_per_s", "idle", "one")
+    summary: dict[str, dict[str, float]] = {}
+    print(f"\nslowdown against idle old ({idle:,.0f} tokens/s) on {cpus} CPUs; idle one thread "
+          f"{idle / one:.2f}x, idle new {idle / median('tokens_per_s', 'idle', 'new'):.2f}x")
+    for n_hogs in args.hogs:
+        load = f"{n_hogs} hogs"
+        share = min(1.0, cpus / (n_hogs + 1))  # of one CPU, for a one-thread process under fair scheduling
+        floor = idle / (one * share)
+        entry = {"fair_share": share, "floor": floor}
+        for setting in ("old", "new", "all"):
+            entry[setting] = idle / median("tokens_per_s", load, setting)
+            entry[f"{setting}_stage_cpus"] = median("stage_cpus", load, setting)
+            entry[f"{setting}_hogs_cpus"] = median("hogs_cpus", load, setting)
+            print(f"  {load:7} {setting}: {entry[setting]:5.2f}x (CPUs: stage {entry[f'{setting}_stage_cpus']:.2f}, "
+                  f"hogs {entry[f'{setting}_hogs_cpus']:.2f})")
+        entry["new_over_floor"] = entry["new"] / floor
+        print(f"  {load:7} floor {floor:.2f}x (one thread at a fair share of {share:.2f} CPU); new is "
+              f"{entry['new_over_floor']:.2f}x the floor: within 1.2x of it "
+              f"{'met' if entry['new_over_floor'] <= 1.2 else 'NOT met'}; 1.5x of idle "
+              f"{'met' if entry['new'] <= 1.5 else 'not met'}")
+        summary[load] = entry
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"cpus": cpus, "hogs": args.hogs, "minutes": args.minutes, "rows": rows,
-                                         "slowdown": ratios, "target": 1.5, "target_met": met, "fair_share": share,
-                                         "floor": floor, "loaded_new_over_floor": ratios["loaded new"] / floor,
+        args.json.write_text(json.dumps({"cpus": cpus, "hogs": args.hogs, "minutes": args.minutes, "reps": args.reps,
+                                         "idle_old": idle, "idle_one": one, "rows": rows, "summary": summary,
+                                         "target_over_floor": 1.2, "first_target": 1.5,
                                          "cpu": _cpu_name()}, indent=1))
 
 
