@@ -45,7 +45,7 @@ setup: $(BIN)/.installed
 test: setup lint
 	$(BIN)/python -m pytest -q --durations=30 -m "not demo" tests
 
-# the demo end to end against its recorded results (tests/golden/demo): 9-13 minutes on 2 idle cores; CI runs it
+# the demo end to end against its recorded results (tests/golden/demo): 9-14 minutes on 2 idle cores; CI runs it
 test-demo: setup
 	$(BIN)/python -m pytest -q -m demo tests
 
