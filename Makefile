@@ -1,7 +1,7 @@
 # minimodel: `make demo` runs all four systems on the bundled demo data, `make test` runs the tests.
 # Both create .venv and install what they need (a pinned torch first, then the package).
 #
-# Experiments: make study (the evidence), make study-beyond (+ the extensions' rows); then make results (docs/results.md); make study-decoder, then make results-decoder (docs/decoder/results.md); make study-real, then make results-real (SmolLM2-135M: docs/real/results.md); make study-real-fr, then make results-real-fr (docs/real/fr/results.md); on a GPU make study-real-gpu, then make results-real-gpu (docs/real/gpu/results.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
+# Experiments: make study (the evidence), make study-beyond (+ the extensions' rows); then make results (docs/results.md); make study-decoder, then make results-decoder (docs/decoder/results.md); make study-real, then make results-real (SmolLM2-135M: docs/real/results.md); make study-real-fr, then make results-real-fr (docs/real/fr/results.md); on a GPU make study-real-gpu, then make results-real-gpu (docs/real/gpu/results.md), and make study-gpu, then make results-gpu (docs/gpu/results.md) | bl_base | bl_small | minijoint | minipost | depth_sweep | depth_sweep_joint | small
 # Each runs every step in order (prepare, pretrain, bridge, adapt per language, finetune per task and
 # seed, evaluate, report), skips finished steps and resumes unfinished ones. Overrides:
 #   make minijoint LANGS=de,tr TASKS=xnli SEEDS=2 ARGS="pretrain.optim.micro_batch=16"
@@ -27,7 +27,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-demo test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus smollm2 study-real results-real study-real-fr results-real-fr study-real-gpu results-real-gpu
+.PHONY: help setup test test-demo test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus smollm2 study-real results-real study-real-fr results-real-fr study-real-gpu results-real-gpu study-gpu results-gpu
 
 help:
 	@sed -n '1,10p' Makefile
@@ -68,6 +68,16 @@ study bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small: s
 
 study-beyond: setup
 	$(MM) run experiments/study_beyond.yaml $(OVERRIDES)
+
+# the encoder study at GPU scale (issue 46, part 3; docs/study.md, "The GPU-scale study"): the paper's depths at width 256,
+# planned at a few minutes of one H100 plus the steps' start-up; not yet run on a card. Then make results-gpu
+study-gpu: setup
+	$(MM) run experiments/study_gpu.yaml $(OVERRIDES)
+
+results-gpu: setup
+	rm -rf docs/results/study_gpu && mkdir -p docs/results/study_gpu
+	for f in runs/study_gpu/*/results.jsonl; do d=docs/results/study_gpu/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
+	mkdir -p docs/gpu && $(MM) report experiments/study_gpu.yaml runs_dir=docs/results --out docs/gpu/results.md
 
 study-decoder: setup
 	$(MM) run experiments/study_decoder.yaml $(OVERRIDES)
