@@ -18,8 +18,8 @@ at its fair share, and nearly as fast as one thread can there). A third loaded s
 CPU with the new wait policy: a larger team may take more than a fair share of a busy machine, at the cost of waits.
 
 Each loaded run also records the CPU it and the hogs got (their CPU seconds over the run's wall time, in CPUs): what a
-setting takes from the other work on the machine. ``--hogs`` takes several counts (``--hogs 2 4``: loaded twice and
-three times over); the figure of merit and the floor are given for each.
+setting takes from the other work on the machine. ``--hogs`` takes several counts (``--hogs 2 4``: the issue's load and
+twice it); the figure of merit and the floor are given for each.
 
     .venv/bin/python benchmarks/bench_threads.py [--minutes 1.0] [--hogs 2 [4 ...]] [--reps 1] [--json PATH]
 """
