@@ -75,25 +75,29 @@ study-gpu: setup
 	$(MM) run experiments/study_gpu.yaml $(OVERRIDES)
 
 results-gpu: setup
-	rm -rf docs/results/study_gpu && mkdir -p docs/results/study_gpu
-	for f in runs/study_gpu/*/results.jsonl; do d=docs/results/study_gpu/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
+	$(call copy_results,study_gpu)
 	mkdir -p docs/gpu && $(MM) report experiments/study_gpu.yaml runs_dir=docs/results --out docs/gpu/results.md
 
 study-decoder: setup
 	$(MM) run experiments/study_decoder.yaml $(OVERRIDES)
 
+# $(call copy_results,NAME): replace docs/results/NAME/ with runs/NAME's results.jsonl files, one folder per system run
+# (rows of an earlier version do not linger)
+define copy_results
+	rm -rf docs/results/$(1) && mkdir -p docs/results/$(1)
+	for f in runs/$(1)/*/results.jsonl; do d=docs/results/$(1)/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
+endef
+
 # after `make study` (and `make study-beyond`): replace docs/results/study/ with the study's results.jsonl files
 # (rows of an earlier version do not linger) and regenerate docs/results.md from them (study_beyond.yaml names
 # every row of both)
 results: setup
-	rm -rf docs/results/study && mkdir -p docs/results/study
-	for f in runs/study/*/results.jsonl; do d=docs/results/study/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
+	$(call copy_results,study)
 	$(MM) report experiments/study_beyond.yaml runs_dir=docs/results --out docs/results.md
 
 # after `make study-decoder`: the same for the decoder-only study -> docs/results/study_decoder/, docs/decoder/results.md
 results-decoder: setup
-	rm -rf docs/results/study_decoder && mkdir -p docs/results/study_decoder
-	for f in runs/study_decoder/*/results.jsonl; do d=docs/results/study_decoder/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
+	$(call copy_results,study_decoder)
 	$(MM) report experiments/study_decoder.yaml runs_dir=docs/results --out docs/decoder/results.md
 
 report: setup
@@ -145,8 +149,7 @@ study-real-gpu: smollm2 wiki-topics-corpus
 # $(call real_results,NAME,REPORT): a real-model study's rows, unadapted reference and bridge curve from runs/NAME into
 # docs/results/NAME (committed), and its report from those copies
 define real_results
-	rm -rf docs/results/$(1) && mkdir -p docs/results/$(1)
-	for f in runs/$(1)/*/results.jsonl; do d=docs/results/$(1)/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
+	$(call copy_results,$(1))
 	cp runs/$(1)/unadapted.jsonl docs/results/$(1)/
 	cp runs/$(1)/minipost/bridge/metrics.csv docs/results/$(1)/minipost/bridge_metrics.csv
 	$(MM) report experiments/$(1).yaml runs_dir=docs/results --out $(2)

@@ -80,12 +80,10 @@ def run_stage(work: Path, name: str, setting: str, minutes: float, cpus: int, ho
     args = [DEMO, "system=bl_base", f"runs_dir={runs}", f"data.prepared_dir={work / 'prepared'}", "data.num_workers=0",
             "logging.wandb=disabled", "pretrain.trainer.log_every=5", f"pretrain.trainer.max_minutes={minutes}",
             "pretrain.trainer.val_every=100000", "pretrain.trainer.ckpt_every=100000", "--no-progress"]
-    if setting == "old":
-        args.append(f"cpu.threads={cpus}")
-    elif setting == "one":
-        args.append("cpu.threads=1")
-    elif setting == "all":  # every CPU, with the new wait policy (PASSIVE when the machine is busy at the start)
-        args.append(f"cpu.threads={cpus}")
+    # old and all: every CPU (all with the new wait policy: PASSIVE when the machine is busy at the start); new: chosen
+    threads = {"old": cpus, "all": cpus, "one": 1}.get(setting)
+    if threads:
+        args.append(f"cpu.threads={threads}")
     start, before = time.monotonic(), _cpu_times()
     own_before, hogs_before = _children_cpu_s(), sum(_proc_cpu_s(h) for h in hogs)
     proc = subprocess.run([PY, "-c", OLD if setting == "old" else NEW, "pretrain", *args], env=_env(), cwd=ROOT,

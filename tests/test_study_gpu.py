@@ -5,6 +5,8 @@ paths run end to end in tests/test_downstream.py."""
 
 from __future__ import annotations
 
+import functools
+
 from minimodel.experiment import load_experiment
 from minimodel.pipeline import variants
 from minimodel.report.costs import cost_rows
@@ -15,7 +17,9 @@ GPU = ROOT / "experiments" / "study_gpu.yaml"
 CPU = ROOT / "experiments" / "study.yaml"
 
 
+@functools.cache
 def by_label(path) -> dict:
+    """The experiment's system runs by label (``pipeline.variants``), loaded once per file."""
     return {v.label: v.cfg for v in variants(path, [])}
 
 
@@ -28,13 +32,14 @@ def test_it_is_the_cpu_study_with_the_papers_depths_wider_and_deeper():
     assert gpu.report == cpu.report  # the transfer rule, its margin and the plateau check, unchanged
     assert gpu.data.corpus_dir == cpu.data.corpus_dir
     assert gpu.model.hidden > cpu.model.hidden and gpu.model.layers > cpu.model.layers
-    depths = {label: (stage_plan(cfg, "adapt").depth, cfg.model.layers) for label, cfg in by_label(GPU).items()}
+    runs = by_label(GPU)
+    depths = {label: (stage_plan(cfg, "adapt").depth, cfg.model.layers) for label, cfg in runs.items()}
     assert depths == {"bl_base": (12, 12), "bl_small": (4, 4), "minijoint": (4, 12), "minijoint-n2": (2, 12),
                       "minipost": (6, 12)}  # MiniPost: BL_BASE's bottom 4 layers + 2 bridge layers
-    minipost = by_label(GPU)["minipost"]
+    minipost = runs["minipost"]
     assert (minipost.bridge.depth, minipost.bridge.layers) == (4, 2)
     systems = {cfg.system for cfg in by_label(CPU).values()}
-    assert {cfg.system for cfg in by_label(GPU).values()} == systems == {"bl_base", "bl_small", "minijoint", "minipost"}
+    assert {cfg.system for cfg in runs.values()} == systems == {"bl_base", "bl_small", "minijoint", "minipost"}
 
 
 def test_every_training_stage_uses_the_gpu_in_bf16():
