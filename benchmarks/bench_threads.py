@@ -13,7 +13,7 @@ The floor: a process with one thread beside ``--hogs`` busy processes on ``cpus`
 ``cpus / (hogs + 1)`` of one CPU (2/3 here), so no such setting runs faster, loaded, than the idle one-thread speed
 (the third idle setting, ``one``: ``cpu.threads=1``) times that share. The floor ratio is idle old over that speed: on
 2 CPUs with 2 hogs it is 1.5x times what the second thread gains idle, so issue 44's first target, 1.5x, is out of
-reach wherever two threads beat one. The target it was restated to: the new setting within 1.2x of the floor (it runs
+reach wherever two threads beat one. Also reported, a restatement proposed (not adopted: the issue keeps 1.5x): the new setting within 1.2x of the floor (it runs
 at its fair share, and nearly as fast as one thread can there). A third loaded setting, ``all``, keeps one thread per
 CPU with the new wait policy: a larger team may take more than a fair share of a busy machine, at the cost of waits.
 
