@@ -10,8 +10,9 @@ logged intervals after the first. The figure of merit: each setting's loaded spe
 default setting of its time (idle old), as a slowdown ratio.
 
 The floor: a process with one thread beside ``--hogs`` busy processes gets at best its fair share of one CPU
-(``fair_share``: ``cpus / (hogs + 1)`` beside hogs of its own session, 2/3 here; ``cpus / 2`` beside another
-session's job where the kernel shares between sessions first), so no such setting runs faster, loaded, than the idle
+(``fair_share``: ``cpus / (hogs + 1)`` beside hogs of its own session, 2/3 here; ``cpus / (groups + 1)`` beside
+hogs in scheduling groups of their own, ``hog_groups``: one for another session's job where the kernel shares between
+sessions first), so no such setting runs faster, loaded, than the idle
 one-thread speed (the third idle setting, ``one``: ``cpu.threads=1``) times that share. The floor ratio is idle old
 over that speed. Beside hogs of the stage's own session on 2 CPUs it is 1.5x times what the second thread gains idle,
 so issue 44's target, 1.5x, is out of reach there wherever two threads beat one; beside another session's hogs it is
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import ctypes
 import json
 import os
 import resource
@@ -126,7 +128,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped (timeout, kill): the hogs are still stopped
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # stopped (timeout, a closed terminal): the hogs are still stopped
+        signal.signal(sig, lambda *_: sys.exit(143))
     cpus = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -137,11 +140,14 @@ def main() -> None:
         for rep in range(args.reps):
             for n_hogs, where in loads:
                 load = _load_name(n_hogs, where)
-                hogs, pids = start_hogs(n_hogs, where)
+                hogs: list[subprocess.Popen] = []
                 try:
+                    hogs, pids = start_hogs(n_hogs, where)
                     time.sleep(2 if hogs else 0)
+                    groups = hog_groups(pids)
                     for setting in ("old", "new", "all") if hogs else ("old", "new", "one"):
-                        row = {"rep": rep, "load": load, "hogs": n_hogs, "session": where, "setting": setting,
+                        row = {"rep": rep, "load": load, "hogs": n_hogs, "session": where, "hog_groups": groups,
+                               "setting": setting,
                                **run_stage(work, f"{n_hogs}-{where}-{setting}-{rep}", setting, args.minutes, cpus,
                                            pids)}
                         rows.append(row)
@@ -158,14 +164,16 @@ def main() -> None:
     one = median("tokens_per_s", "idle", "one")
     summary: dict[str, dict[str, float]] = {}
     autogroup = _autogroup()
+    cgroup = _cpu_cgroup("self")
     print(f"\nslowdown against idle old ({idle:,.0f} tokens/s) on {cpus} CPUs; idle one thread "
           f"{idle / one:.2f}x, idle new {idle / median('tokens_per_s', 'idle', 'new'):.2f}x; autogroup "
-          f"{'on' if autogroup else 'off'}")
+          f"{'on' if autogroup else 'off'}, cpu cgroup {cgroup}")
     for n_hogs, where in loads[1:]:
         load = _load_name(n_hogs, where)
-        share = fair_share(cpus, n_hogs, where, autogroup)
+        groups = min(r["hog_groups"] for r in rows if r["load"] == load)
+        share = fair_share(cpus, n_hogs, groups)
         floor = idle / (one * share)
-        entry = {"hogs": n_hogs, "session": where, "fair_share": share, "floor": floor}
+        entry = {"hogs": n_hogs, "session": where, "hog_groups": groups, "fair_share": share, "floor": floor}
         for setting in ("old", "new", "all"):
             entry[setting] = idle / median("tokens_per_s", load, setting)
             entry[f"{setting}_stage_cpus"] = median("stage_cpus", load, setting)
@@ -181,7 +189,7 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"cpus": cpus, "hogs": args.hogs, "sessions": args.sessions,
-                                         "autogroup": autogroup, "minutes": args.minutes, "reps": args.reps,
+                                         "autogroup": autogroup, "cpu_cgroup": cgroup, "minutes": args.minutes, "reps": args.reps,
                                          "idle_old": idle, "idle_one": one, "rows": rows, "summary": summary,
                                          "target_over_floor": 1.2, "first_target": 1.5,
                                          "cpu": _cpu_name()}, indent=1))
@@ -195,21 +203,41 @@ def _load_name(n_hogs: int, where: str) -> str:
 
 def start_hogs(n: int, where: str) -> tuple[list[subprocess.Popen], list[int]]:
     """``n`` busy processes: children of this process (``same``), or one job of ``n`` in a new session (``other``).
-    Returns what to stop and the hogs' pids (for their CPU time)."""
+    Returns what to stop and the hogs' pids (for their CPU time). Every hog dies with its parent (``PDEATHSIG``), so
+    a benchmark killed outright leaves none behind."""
     if not n:
         return [], []
     if where == "same":
-        hogs = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(n)]
+        hogs: list[subprocess.Popen] = []
+        try:
+            for _ in range(n):
+                hogs.append(subprocess.Popen([PY, "-c", "while True: pass"], preexec_fn=_die_with_parent))
+        except BaseException:
+            stop_hogs(hogs)
+            raise
         return hogs, [h.pid for h in hogs]
-    job = subprocess.Popen([PY, "-c", _JOB, str(n)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    job = subprocess.Popen([PY, "-c", _JOB, str(n)], stdout=subprocess.PIPE, text=True, start_new_session=True,
+                           preexec_fn=_die_with_parent)
     assert job.stdout is not None
-    pids = [int(x) for x in job.stdout.readline().split()]
+    try:
+        pids = [int(x) for x in job.stdout.readline().split()]
+    except ValueError:
+        pids = []
+    if len(pids) != n:
+        stop_hogs([job])
+        raise SystemExit(f"the other session's job started {len(pids)} busy processes, not {n}")
     return [job], pids
 
 
-# the other session's job: n busy children, their pids on one line; they die with it (killed as its process group)
-_JOB = """import subprocess, sys
-kids = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(int(sys.argv[1]))]
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+# the other session's job: n busy children, their pids on one line; they die with it (killed as its process group, or
+# by PDEATHSIG when it dies)
+_JOB = """import ctypes, signal, subprocess, sys
+die = lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+kids = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=die) for _ in range(int(sys.argv[1]))]
 print(" ".join(str(k.pid) for k in kids), flush=True)
 for k in kids:
     k.wait()
@@ -218,27 +246,68 @@ for k in kids:
 
 def stop_hogs(hogs: list[subprocess.Popen]) -> None:
     for h in hogs:
-        if h.stdout is not None:  # the other session's job: it and its children are one process group
-            os.killpg(h.pid, signal.SIGKILL)
-            h.stdout.close()
-        else:
-            h.kill()
+        try:
+            if h.stdout is not None:  # the other session's job: it and its children are one process group
+                os.killpg(h.pid, signal.SIGKILL)
+                h.stdout.close()
+            else:
+                h.kill()
+        except ProcessLookupError:
+            pass
         h.wait()
 
 
 def _autogroup() -> bool:
-    """Whether the kernel shares CPU between sessions first (``sched_autogroup_enabled``)."""
+    """Whether the kernel may share CPU between sessions first (``sched_autogroup_enabled``)."""
     try:
         return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
     except OSError:
         return False
 
 
-def fair_share(cpus: int, n_hogs: int, where: str, autogroup: bool) -> float:
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def _cpu_cgroup(pid: int | str) -> str | None:
+    """The cgroup that holds a process for CPU time (the ``cpu`` controller's line, else cgroup v2's)."""
+    text = _read(f"/proc/{pid}/cgroup")
+    if text is None:
+        return None
+    v2 = None
+    for line in text.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+        if not controllers:
+            v2 = path
+    return v2
+
+
+def hog_groups(pids: list[int]) -> int:
+    """How many scheduling groups of their own the hogs are in: their autogroups, where autogroup is on, every
+    process involved is in the root CPU cgroup (autogroup applies only there) and none shares this process's
+    autogroup; else 0 (the kernel shares the CPU between the stage and the hogs per thread, as far as this can tell)."""
+    if not pids or not _autogroup():
+        return 0
+    if any(_cpu_cgroup(p) != "/" for p in ("self", *pids)):
+        return 0
+    own = _read("/proc/self/autogroup")
+    groups = {_read(f"/proc/{p}/autogroup") for p in pids}
+    if own is None or None in groups or own.split()[0] in {g.split()[0] for g in groups if g}:
+        return 0
+    return len(groups)
+
+
+def fair_share(cpus: int, n_hogs: int, groups: int) -> float:
     """The fair share, in CPUs (at most one), of a one-thread stage beside ``n_hogs`` busy processes: per thread
-    (``cpus / (hogs + 1)``), or, for another session's job under autogroup, per session (``cpus / 2``)."""
-    if where == "other" and autogroup:
-        return min(1.0, cpus / 2)
+    (``cpus / (hogs + 1)``) where they share its scheduling group, else per group (``cpus / (groups + 1)``: another
+    session's job under autogroup is one group, however many processes it runs)."""
+    if groups:
+        return min(1.0, cpus / (groups + 1))
     return min(1.0, cpus / (n_hogs + 1))
 
 

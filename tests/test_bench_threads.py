@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
 import time
 
@@ -49,15 +50,57 @@ def test_hogs_run_where_the_arrangement_says_and_stop(bench, where: str):
     assert bench.start_hogs(0, where) == ([], [])
 
 
-def test_fair_share_per_thread_or_per_session(bench):
+def test_fair_share_per_thread_or_per_group(bench):
     # per thread: a one-thread stage beside h busy processes on 2 CPUs gets 2 / (h + 1) of a CPU
-    assert bench.fair_share(2, 2, "same", autogroup=True) == pytest.approx(2 / 3)
-    assert bench.fair_share(2, 4, "same", autogroup=True) == pytest.approx(0.4)
-    assert bench.fair_share(2, 1, "same", autogroup=False) == 1.0
-    # another session's job under autogroup: two sessions share 2 CPUs, one each, however many hogs the job has
-    assert bench.fair_share(2, 2, "other", autogroup=True) == 1.0
-    assert bench.fair_share(2, 4, "other", autogroup=True) == 1.0
-    assert bench.fair_share(1, 4, "other", autogroup=True) == 0.5
-    # without autogroup another session is shared per thread like the stage's own
-    assert bench.fair_share(2, 4, "other", autogroup=False) == pytest.approx(0.4)
+    assert bench.fair_share(2, 2, groups=0) == pytest.approx(2 / 3)
+    assert bench.fair_share(2, 4, groups=0) == pytest.approx(0.4)
+    assert bench.fair_share(2, 1, groups=0) == 1.0
+    # another session's job under autogroup is one group: the stage's group and it share 2 CPUs, one each
+    assert bench.fair_share(2, 2, groups=1) == 1.0
+    assert bench.fair_share(2, 4, groups=1) == 1.0
+    assert bench.fair_share(1, 4, groups=1) == 0.5
+    # two other sessions with two hogs each: three groups
+    assert bench.fair_share(2, 4, groups=2) == pytest.approx(2 / 3)
     assert bench._load_name(2, "other") == "2 hogs, other session" and bench._load_name(0, "same") == "idle"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="the kernel has no autogroup")
+def test_hog_groups_count_sessions_only_where_the_kernel_does(bench):
+    """The floor's group count: 0 for hogs of this session; 1 for another session's job where autogroup is on and
+    every process is in the root CPU cgroup (where it applies); 0 wherever that cannot be told."""
+    root = bench._cpu_cgroup("self") == "/"
+    for where in ("same", "other"):
+        hogs, pids = bench.start_hogs(2, where)
+        try:
+            expected = 1 if where == "other" and bench._autogroup() and root else 0
+            assert bench.hog_groups(pids) == expected
+        finally:
+            bench.stop_hogs(hogs)
+    assert bench.hog_groups([]) == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+@pytest.mark.parametrize("where", ["same", "other"])
+def test_hogs_die_with_a_benchmark_killed_outright(where: str):
+    """A benchmark killed with SIGKILL (no cleanup runs) leaves no busy process behind."""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import bench_threads as b; "
+            f"h, p = b.start_hogs(2, {where!r}); print(*p, flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    pids = [int(x) for x in proc.stdout.readline().split()]
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids)
+
+
+def test_demo_loaded_script_parses_and_refuses_an_unknown_load(tmp_path):
+    script = ROOT / "benchmarks" / "demo_loaded.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    out = tmp_path / "out.txt"
+    proc = subprocess.run(["bash", str(script), "busy", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "'idle', 'same' or 'other', not 'busy'" in proc.stderr
+    assert not out.exists()
