@@ -350,13 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     early: dict = {}  # the signal handlers catch_early replaced: put back when the command ends
     sigint = signal.getsignal(signal.SIGINT)  # put back too: Lightning ignores Ctrl-C after it stopped a stage
     try:
+        if args.command in CATCH_EARLY:  # first: SLURM may send USR1 up to a minute early, even as the job starts
+            early = signals.catch_early()
         if args.command == "export":  # step=N picks an adaptation checkpoint: not a config key
             steps = [o for o in args.overrides if o.startswith("step=")]
             args.overrides = [o for o in args.overrides if o not in steps]
             args.step = _int_arg(steps[-1]) if steps else None
         cfg = load_experiment(args.config, args.overrides)
-        if args.command in CATCH_EARLY:
-            early = signals.catch_early()
         _cpu(args.command, cfg)
         stopped = COMMANDS[args.command][0](cfg, args)
     except StepFailed as e:

@@ -94,3 +94,28 @@ def test_a_signal_before_training_starts_stops_cleanly_after_the_first_update(tm
     run_dir = tmp_path / "runs" / "tiny" / "minijoint" / "pretrain"
     assert (run_dir / "checkpoints" / "step0000001.ckpt").is_file() and not (run_dir / "done.json").exists()
     assert main(args) == 0 and (run_dir / "done.json").exists()  # the rerun resumes and finishes
+
+
+def test_a_signal_while_the_config_loads_is_caught_by_the_command(tmp_path, prepared, corpus_dir, capsys, monkeypatch):
+    """SLURM may send USR1 as the task starts: the command line catches stop signals before it reads its config."""
+    import minimodel.cli as cli
+
+    args = ["pretrain", str(ROOT / "experiments" / "tiny.yaml"), *tiny_overrides(tmp_path, corpus_dir, prepared),
+            "data.num_workers=0", *stage_overrides(["pretrain"], updates=4, global_batch=8, micro_batch=4,
+                                                   ckpt_every=2, log_every=2), "--no-progress"]
+    missed: list[int] = []  # stands for the default action (death): a signal the command had not caught yet
+    old = {s: signal.signal(s, lambda signum, frame: missed.append(signum)) for s in signals.STOP_SIGNALS}
+    real_load = cli.load_experiment
+
+    def signalled_while_loading(*a, **k):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return real_load(*a, **k)
+
+    monkeypatch.setattr(cli, "load_experiment", signalled_while_loading)
+    try:
+        assert main(args) == 3 and not missed
+    finally:
+        signals._received.clear()
+        for s, h in old.items():
+            signal.signal(s, h)
+    assert "stopped at update 1 (SIGUSR1 (received before training started))" in capsys.readouterr().err
