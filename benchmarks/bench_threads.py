@@ -259,10 +259,7 @@ def stop_hogs(hogs: list[subprocess.Popen]) -> None:
 
 def _autogroup() -> bool:
     """Whether the kernel may share CPU between sessions first (``sched_autogroup_enabled``)."""
-    try:
-        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
-    except OSError:
-        return False
+    return (_read("/proc/sys/kernel/sched_autogroup_enabled") or "").strip() == "1"
 
 
 def _read(path: str) -> str | None:
@@ -297,7 +294,7 @@ def hog_groups(pids: list[int]) -> int:
         return 0
     own = _read("/proc/self/autogroup")
     groups = {_read(f"/proc/{p}/autogroup") for p in pids}
-    if own is None or None in groups or own.split()[0] in {g.split()[0] for g in groups if g}:
+    if own is None or None in groups or own.split()[0] in {g.split()[0] for g in groups}:
         return 0
     return len(groups)
 
