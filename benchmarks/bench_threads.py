@@ -43,6 +43,7 @@ import csv
 import ctypes
 import json
 import os
+import re
 import resource
 import signal
 import statistics
@@ -292,11 +293,18 @@ def hog_groups(pids: list[int]) -> int:
         return 0
     if any(_cpu_cgroup(p) != "/" for p in ("self", *pids)):
         return 0
-    own = _read("/proc/self/autogroup")
-    groups = {_read(f"/proc/{p}/autogroup") for p in pids}
-    if own is None or None in groups or own.split()[0] in {g.split()[0] for g in groups}:
+    own = _autogroup_id("self")
+    groups = {_autogroup_id(p) for p in pids}
+    if own is None or None in groups or own in groups:
         return 0
     return len(groups)
+
+
+def _autogroup_id(pid: int | str) -> str | None:
+    """The autogroup a process is in (``/autogroup-631`` from ``/autogroup-631 nice 0``), or None where the file is
+    missing, empty or not in that form (seen in CI: one read empty on a kernel with autogroup on)."""
+    match = re.match(r"(/autogroup-\d+)\b", _read(f"/proc/{pid}/autogroup") or "")
+    return match.group(1) if match else None
 
 
 def fair_share(cpus: int, n_hogs: int, groups: int) -> float:

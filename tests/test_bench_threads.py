@@ -72,11 +72,33 @@ def test_hog_groups_count_sessions_only_where_the_kernel_does(bench):
     for where in ("same", "other"):
         hogs, pids = bench.start_hogs(2, where)
         try:
-            expected = 1 if where == "other" and bench._autogroup() and root else 0
+            readable = all(bench._autogroup_id(p) is not None for p in ("self", *pids))
+            expected = 1 if where == "other" and bench._autogroup() and root and readable else 0
             assert bench.hog_groups(pids) == expected
         finally:
             bench.stop_hogs(hogs)
     assert bench.hog_groups([]) == 0
+
+
+def test_hog_groups_is_zero_where_the_autogroup_files_cannot_be_read(bench, monkeypatch):
+    """An autogroup file that is missing, empty or garbled (a CI sandbox's read empty) means "cannot be told": no group
+    is counted, and nothing raises. Well-formed files in distinct groups count one per group."""
+    files = {"/proc/sys/kernel/sched_autogroup_enabled": "1\n"}
+    monkeypatch.setattr(bench, "_read", lambda path: files.get(path))
+    monkeypatch.setattr(bench, "_cpu_cgroup", lambda pid: "/")
+    files |= {"/proc/self/autogroup": "/autogroup-5 nice 0\n", "/proc/11/autogroup": "/autogroup-9 nice 0\n",
+              "/proc/12/autogroup": "/autogroup-9 nice 0\n", "/proc/13/autogroup": "/autogroup-10 nice 0\n"}
+    assert bench.hog_groups([11, 12]) == 1
+    assert bench.hog_groups([11, 13]) == 2
+    files["/proc/14/autogroup"] = "/autogroup-5 nice 0\n"  # shares the stage's group
+    assert bench.hog_groups([11, 14]) == 0
+    for bad in ("", "\n", "garbage", "autogroup-9"):
+        files["/proc/self/autogroup"] = bad
+        assert bench.hog_groups([11, 12]) == 0, bad
+    files["/proc/self/autogroup"] = "/autogroup-5 nice 0\n"
+    files["/proc/12/autogroup"] = ""
+    assert bench.hog_groups([11, 12]) == 0
+    assert bench._autogroup_id(99) is None  # no such file
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
