@@ -228,7 +228,6 @@ def test_a_signalled_training_step_checkpoints_requeues_and_resumes_exactly(firs
 
     out, _ = ref.communicate(timeout=600)
     assert ref.returncode == 0, out
-    log = log_of(area["runs"], "slurm_sig", "pretrain", pre)
     # a failure says what SLURM recorded (pytest would cut the record short) and what the job printed
     record = {k: jobs[pre].get(k) for k in ("JobState", "Reason", "Restarts", "ExitCode", "RunTime", "TimeLimit",
                                              "SubmitTime", "StartTime", "EndTime")}
