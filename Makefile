@@ -27,7 +27,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-demo test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus smollm2 study-real results-real study-real-fr results-real-fr study-real-gpu results-real-gpu study-gpu results-gpu
+.PHONY: help setup test test-demo test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus sib200 sib200-corpus smollm2 study-real results-real study-real-fr results-real-fr study-real-gpu results-real-gpu study-gpu results-gpu
 
 help:
 	@sed -n '1,10p' Makefile
@@ -172,3 +172,15 @@ wiki-topics: setup
 # fr and es = the bundled corpus + the task's adaptation pool (articles in no test or dev split)
 wiki-topics-corpus: setup
 	$(BIN)/python scripts/build_wiki_topics.py corpus --out runs/corpora/wiki_topics
+
+# the sib200 task (data/sib200/, committed; data/sib200/SOURCES.md): SIB-200 en, fr, es, de, el, ru, tr from a copy of
+# the benchmark (SIB200_SRC: <flores code>/{train,dev,test}.tsv, LICENSE, SOURCES.md), rebuilt byte-identical
+SIB200_SRC ?= ../shared/sib200
+sib200: setup
+	$(BIN)/python scripts/build_sib200.py task $(SIB200_SRC) --out data/sib200
+
+# the corpora of a study on sib200 (data.corpus_dir=runs/corpora/sib200): the bundled English corpus as is, each
+# target = the bundled corpus + the target's SIB-200 train sentences (never dev or test); lines holding a dev or test
+# sentence of any language are left out and named
+sib200-corpus: setup
+	$(BIN)/python scripts/build_sib200.py corpus --out runs/corpora/sib200
