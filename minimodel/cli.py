@@ -240,6 +240,13 @@ def cmd_plan(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     return ""
 
 
+def cmd_layers(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
+    from minimodel.stages.layers import run_layers
+
+    print(run_layers(cfg, args.json))
+    return ""
+
+
 def cmd_export(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.export import export, push_to_hub
 
@@ -264,6 +271,8 @@ COMMANDS: dict[str, tuple[Callable[[ExperimentConfig, argparse.Namespace], str],
     "submit": (cmd_submit, "write one sbatch script per step and submit them with afterok dependencies"),
     "flops": (cmd_flops, "print the experiment's training cost (paper formulas A1, A3, A4)"),
     "plan": (cmd_plan, "predict each training stage's memory per GPU and check it against the launcher's cards"),
+    "layers": (cmd_layers, "per layer of the bridge's source model: redundancy and the step-0 loss of the affine "
+                           "mini-model of that depth (choosing bridge.depth)"),
     "export": (cmd_export, "a transformers model + fast tokenizer with a language's embeddings (lang=xx [step=N] "
                            "[task=T seed=S]), or the embeddings alone (--embeddings-only)"),
 }
@@ -285,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "report":
             s.add_argument("--out", default="", help="where to write the report (default runs_dir/NAME/report.md); "
                                                      "its plots go to plots/ beside it")
+        if name == "layers":
+            s.add_argument("--json", default="", help="also write the rows to this (new) JSON file")
         if name in ("submit", "plan"):
             s.add_argument("--launcher", default="local", help="conf/launcher/NAME.yaml or a path (cluster resources)")
         if name == "submit":

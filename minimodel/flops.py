@@ -73,12 +73,24 @@ def adapt_flops(layers: int, hidden: int, seq_len: int, vocab: int, mask_prob: f
 
 
 def bridge_flops(layers: int, hidden: int, seq_len: int, vocab: int, mask_prob: float, batch: int,
-                 updates: int, trainable_layers: int, shape: LayerShape | None = None) -> float:
-    """A4: MiniPost step 1b over an ``layers``-layer mini-model whose top ``trainable_layers`` train."""
+                 updates: int, trainable_layers: int, shape: LayerShape | None = None, affine: bool = False,
+                 teacher_layers: int = 0) -> float:
+    """A4: MiniPost step 1b over an ``layers``-layer mini-model whose top ``trainable_layers`` train.
+
+    Beyond the paper (docs/extensions.md): ``affine`` (``bridge.init=affine``), a trained h x h map below the
+    bridge layers: its forward and weight gradient (2 s h^2 each), and the lowest bridge layer now needs its input
+    gradient too (one more FLOP_layer); ``teacher_layers`` (``bridge.objective=distill``), the forward pass of the
+    frozen source model the mini-model is distilled from (its layers and its LM head over the scored positions)."""
     if not 1 <= trainable_layers <= layers:
         raise ValueError(f"trainable_layers must be in 1..{layers}, got {trainable_layers}")
-    per_seq = ((layers + 2 * trainable_layers - 1) * layer_flops(hidden, seq_len, shape)
-               + 2 * lm_head_flops(hidden, seq_len, vocab, mask_prob))
+    if teacher_layers < 0:
+        raise ValueError(f"teacher_layers must be 0 (no teacher) or a positive depth, got {teacher_layers}")
+    layer = layer_flops(hidden, seq_len, shape)
+    per_seq = (layers + 2 * trainable_layers - 1) * layer + 2 * lm_head_flops(hidden, seq_len, vocab, mask_prob)
+    if affine:
+        per_seq += layer + 4 * seq_len * hidden**2
+    if teacher_layers:
+        per_seq += teacher_layers * layer + lm_head_flops(hidden, seq_len, vocab, mask_prob)
     return float(updates) * batch * per_seq
 
 

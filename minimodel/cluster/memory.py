@@ -210,12 +210,19 @@ def stage_models(cfg: ExperimentConfig) -> list[StageModel]:
                               m.vocab_size, d.seq_len, 0, 0, cfg.pretrain.trainer.precision))
     if s.bridge:
         b = cfg.bridge
+        affine = m.hidden**2 + m.hidden if b.init == "affine" else 0  # bridge.init=affine: a trained h x h map
         params = (embedding_params(m, m.vocab_size) + (b.depth + b.layers) * layer_params(m)
-                  + head_params(m, m.vocab_size) + output_params(m, m.vocab_size))
+                  + head_params(m, m.vocab_size) + output_params(m, m.vocab_size) + affine)
+        distill = b.objective == "distill"  # the frozen source model stays loaded as the teacher
+        teacher = (embedding_params(m, m.vocab_size) + m.layers * layer_params(m) + head_params(m, m.vocab_size)
+                   + output_params(m, m.vocab_size)) if distill else 0
+        note = (f"{b.depth} copied + {b.layers} trained layers" + (" + affine map" if affine else "")
+                + (f", {m.layers}-layer teacher" if distill else ""))
         out.append(StageModel(
-            "bridge", f"{b.depth} copied + {b.layers} trained layers", params, b.layers * layer_params(m),
-            b.layers * layer_linear(m) + head_linear(m) + m.vocab_size * m.hidden, b.layers, 0, "none", 1, "frozen",
-            m.vocab_size, d.seq_len, b.optim.micro_batch, b.optim.global_batch, b.trainer.precision))
+            "bridge", note, params + teacher, b.layers * layer_params(m) + affine,
+            b.layers * layer_linear(m) + head_linear(m) + m.vocab_size * m.hidden + affine, b.layers, 0, "none",
+            2 if distill else 1, "frozen", m.vocab_size, d.seq_len, b.optim.micro_batch, b.optim.global_batch,
+            b.trainer.precision))
     a, vocab, depth = cfg.adapt.optim, d.vocab_size, adapt.depth
     heads = len(adapt.phases) if cfg.adapt.schedule else 1  # a staged body holds every phase's head
     body = {Body.OWN: "whole model", Body.HEAD: "bottom layers", Body.BRIDGE: "bridged mini-model"}[adapt.body]

@@ -177,6 +177,31 @@ def _validate_logging(cfg: ExperimentConfig, fail: Any) -> None:
              f"{' '.join(WANDB_PROJECT_CHARS)} (it is spelled into W&B's entity/project/run paths)")
 
 
+BRIDGE_INITS = ("random", "copy", "affine")
+"""``bridge.init`` values (``models.surgery.build_minipost``)."""
+BRIDGE_OBJECTIVES = ("lm", "distill")
+"""``bridge.objective`` values (``training.mlm.MLMModule``'s teacher)."""
+MAX_FIT_TOKENS = 1 << 20  # bridge.fit_tokens: the states of this many tokens, at every width, stay in memory
+
+
+def _validate_bridge(cfg: ExperimentConfig, fail: Any) -> None:
+    b, check = cfg.bridge, _Sizes(fail)
+    if b.init not in BRIDGE_INITS:
+        fail(f"bridge.init must be one of {', '.join(BRIDGE_INITS)}, got {b.init!r}")
+    if b.objective not in BRIDGE_OBJECTIVES:
+        fail(f"bridge.objective must be one of {', '.join(BRIDGE_OBJECTIVES)}, got {b.objective!r}")
+    check.integer("bridge.fit_tokens", b.fit_tokens, 1, MAX_FIT_TOKENS,
+                  what=f"a positive integer up to {MAX_FIT_TOKENS:,} (tokens the affine map is fitted on)")
+    check.number("bridge.distill_mse", b.distill_mse, zero=True)
+    if b.distill_mse and b.objective != "distill":
+        fail(f"bridge.distill_mse={b.distill_mse} weighs a term of the distillation loss: set bridge.objective=distill "
+             f"(or bridge.distill_mse=0)")
+    if b.init != "random" and b.depth + b.layers > cfg.model.layers:
+        fail(f"bridge.init={b.init} copies the source's top bridge.layers={b.layers} layers above its bottom "
+             f"bridge.depth={b.depth}: depth + layers must be at most model.layers ({cfg.model.layers}), got "
+             f"{b.depth + b.layers}")
+
+
 INITS = ("overlap", "random", "focus")
 """``adapt.init`` values (``stages.adapt.INITS`` implements each)."""
 
@@ -246,6 +271,7 @@ def _validate_sizes(cfg: ExperimentConfig, fail: Any) -> None:
         check.trainer(f"{stage}.trainer", getattr(cfg, stage).trainer)
     check.integer("bridge.depth", cfg.bridge.depth)
     check.integer("bridge.layers", cfg.bridge.layers)
+    _validate_bridge(cfg, fail)
     check.number("finetune.epochs", f.epochs)
     check.fraction("finetune.warmup_ratio", f.warmup_ratio)
     for name in ("batch_size", "micro_batch", "eval_batch"):

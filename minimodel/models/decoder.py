@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minimodel.config.schema import PRIMARY, ModelConfig
-from minimodel.models.model import head_losses
+from minimodel.models.model import affine_map, head_losses
 
 
 def norm(cfg: ModelConfig) -> nn.Module:
@@ -173,7 +173,8 @@ class Layer(nn.Module):
             a = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, **gqa)  # (B, H, T, D)
         return self.attn_out(a.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+        """``attn_mask``: the encoder layer's contract; unused (causal, right-padded: see the module docstring)."""
         x = x + self.dropout(self.attention(self.attn_norm(x)))
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
@@ -202,6 +203,7 @@ class DecoderLM(nn.Module):
             for proj in (layer.attn_out, layer.ffn_out):
                 nn.init.normal_(proj.weight, mean=0.0, std=cfg.init_std / (2 * cfg.layers) ** 0.5)
         self.tie_weights()
+        self.affine = affine_map(cfg)
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.cfg.init_std
@@ -237,6 +239,8 @@ class DecoderLM(nn.Module):
         out: dict[int, Tensor] = {0: x} if wanted[0] == 0 else {}
         for i, layer in enumerate(self.layers[: wanted[-1]], start=1):
             x = layer(x)
+            if i == self.cfg.affine_after and self.affine is not None:  # layer i's state is the mapped one
+                x = self.affine(x)
             if i in wanted:
                 out[i] = x
         return out
@@ -244,7 +248,11 @@ class DecoderLM(nn.Module):
     def encode(self, input_ids: Tensor, padded: bool | None = None) -> Tensor:
         """Last-layer hidden states (B, T, C) after the primary head's final norm (Hugging Face's
         ``last_hidden_state``): what a task head reads."""
-        return self.heads[PRIMARY].norm(self.hidden_states(input_ids, padded=padded)[self.cfg.layers])
+        return self.final_state(self.hidden_states(input_ids, padded=padded)[self.cfg.layers])
+
+    def final_state(self, h: Tensor) -> Tensor:
+        """The last layer's state ``h`` as ``encode`` gives it: after the primary head's final norm."""
+        return self.heads[PRIMARY].norm(h)
 
     def logits(self, input_ids: Tensor, head: str = PRIMARY) -> Tensor:
         """Next-token logits of one head at every position (B, T, V)."""

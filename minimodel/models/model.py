@@ -116,6 +116,19 @@ class SpanHead(nn.Module):
         return start, end
 
 
+def affine_map(cfg: ModelConfig) -> nn.Linear | None:
+    """The affine map of the residual stream after layer ``cfg.affine_after`` (both families; None without one),
+    initialised to the identity: until fitted or trained it changes nothing. Made after every other module, so a
+    model without it draws the same initial weights as before it existed."""
+    if not cfg.affine_after:
+        return None
+    affine = nn.Linear(cfg.hidden, cfg.hidden)
+    with torch.no_grad():
+        affine.weight.copy_(torch.eye(cfg.hidden))
+        affine.bias.zero_()
+    return affine
+
+
 class RobertaMLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -125,6 +138,7 @@ class RobertaMLM(nn.Module):
         self.heads = nn.ModuleDict({name: MLMHead(cfg) for name in cfg.head_names})
         self.apply(self._init_weights)
         self.tie_weights()
+        self.affine = affine_map(cfg)
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.cfg.init_std
@@ -175,6 +189,8 @@ class RobertaMLM(nn.Module):
         out: dict[int, Tensor] = {0: x} if wanted[0] == 0 else {}
         for i, layer in enumerate(self.layers[: wanted[-1]], start=1):
             x = layer(x, mask)
+            if i == self.cfg.affine_after and self.affine is not None:  # layer i's state is the mapped one
+                x = self.affine(x)
             if i in wanted:
                 out[i] = x
         return out
@@ -182,6 +198,10 @@ class RobertaMLM(nn.Module):
     def encode(self, input_ids: Tensor, padded: bool | None = None) -> Tensor:
         """Last-layer hidden states (B, T, C)."""
         return self.hidden_states(input_ids, padded=padded)[self.cfg.layers]
+
+    def final_state(self, h: Tensor) -> Tensor:
+        """The last layer's state as ``encode`` gives it (post-norm layers: already normalised)."""
+        return h
 
     def mlm_logits(self, input_ids: Tensor, masked: Tensor | None = None, head: str = PRIMARY) -> Tensor:
         """Logits of one head: (N_masked, V) at the positions where ``masked`` is True, else (B, T, V)."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from minimodel.config.checks import BRIDGE_INITS
 from minimodel.errors import UserError
 from minimodel.models.families import build
 from minimodel.models.model import PRIMARY, ModelConfig, RobertaMLM
@@ -52,9 +53,12 @@ def adaptation_trainable(name: str) -> bool:
 
 
 def bridge_trainable(depth: int) -> Callable[[str], bool]:
-    """Step 1b: only the layers above ``depth`` (the inserted bridge layers)."""
+    """Step 1b: only the layers above ``depth`` (the inserted bridge layers) and the affine map before them, where
+    the mini-model has one (``bridge.init=affine``)."""
 
     def trainable(name: str) -> bool:
+        if name.startswith("affine."):
+            return True
         if not name.startswith("layers."):
             return False
         return int(name.split(".")[1]) >= depth
@@ -112,17 +116,42 @@ def tie_biases(model: RobertaMLM) -> None:
             head.bias = model.heads[PRIMARY].bias
 
 
-def build_minipost(model: RobertaMLM, depth: int, bridge_layers: int, seed: int = 0) -> RobertaMLM:
+def build_minipost(model: RobertaMLM, depth: int, bridge_layers: int, seed: int = 0, init: str = "random",
+                   affine: tuple[Tensor, Tensor] | None = None) -> RobertaMLM:
     """MiniPost (step 1b): embeddings + layers 1..depth + the primary MLM head of ``model``, with
-    ``bridge_layers`` newly initialised layers inserted between them. Only the new layers train."""
+    ``bridge_layers`` layers inserted between them. Only the inserted layers (and an affine map) train.
+
+    ``init`` (``bridge.init``): ``random``, newly initialised layers (the paper); ``copy``, copies of the source's
+    top ``bridge_layers`` layers, so the mini-model ends with the layers that feed the head; ``affine``, those copies
+    after an affine map of layer ``depth``'s state (``model.affine_after``) whose (weight, bias) is ``affine``
+    (``bridge_init.fit_affine``; the identity where None)."""
     if not 1 <= depth < model.cfg.layers:
         raise ValueError(f"depth must be in 1..{model.cfg.layers - 1}, got {depth}")
+    if init not in BRIDGE_INITS:
+        raise ValueError(f"init must be one of {', '.join(BRIDGE_INITS)}, got {init!r}")
+    if model.cfg.affine_after:
+        raise ValueError("the source model is itself a mini-model with an affine map (model.affine_after); "
+                         "build a mini-model from a full model")
+    top = model.cfg.layers - bridge_layers  # the first of the source's top layers (0-based)
+    if init != "random" and top < depth:
+        raise ValueError(f"init={init} copies the top {bridge_layers} of {model.cfg.layers} layers, which overlap "
+                         f"the bottom {depth}: depth + bridge layers must be at most {model.cfg.layers}")
+    cfg = replace(model.cfg, layers=depth + bridge_layers, mini_heads=[],
+                  affine_after=depth if init == "affine" else 0)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        mini = build(replace(model.cfg, layers=depth + bridge_layers, mini_heads=[]))
+        mini = build(cfg)
     _copy_into(mini.embeddings, model.embeddings)
     for i in range(depth):
         _copy_into(mini.layers[i], model.layers[i])
+    if init != "random":
+        for j in range(bridge_layers):
+            _copy_into(mini.layers[depth + j], model.layers[top + j])
+    if init == "affine" and affine is not None:
+        weight, bias = affine
+        with torch.no_grad():
+            mini.affine.weight.copy_(weight)
+            mini.affine.bias.copy_(bias)
     _copy_into(mini.heads[PRIMARY], model.heads[PRIMARY])
     mini.tie_weights()
     freeze_all_but(mini, bridge_trainable(depth))

@@ -31,10 +31,15 @@ def cost_rows(cfg: ExperimentConfig) -> list[dict]:
                                          **common)}]
     if bridge.runs_here:
         b, layers = cfg.bridge, bridge.layers
-        rows.append({"step": "1b bridge", "formula": bridge.formula, "layers": layers,
+        distill = b.objective == "distill"  # the teacher's forward pass: the source model, cfg.model's depth
+        rows.append({"step": "1b bridge" + (f" (init {b.init})" if b.init != "random" else "")
+                     + (f" (distilled from {m.layers} layers)" if distill else ""),
+                     "formula": bridge.formula + (" + affine" if b.init == "affine" else "")
+                     + (" + teacher forward" if distill else ""), "layers": layers,
                      "updates": b.optim.updates, "batch": b.optim.global_batch,
                      "flops": bridge_flops(layers, batch=b.optim.global_batch, updates=b.optim.updates,
-                                           trainable_layers=b.layers, **common)})
+                                           trainable_layers=b.layers, affine=b.init == "affine",
+                                           teacher_layers=m.layers if distill else 0, **common)})
     a, phases = cfg.adapt.optim, adapt.phases
     common = {**common, "vocab": d.vocab_size}  # step 2 projects onto the target vocabulary (data.vocab_size)
     for p in phases if len(phases) > 1 else []:  # progressive adaptation: each phase at its own depth

@@ -4,22 +4,28 @@ layers between them, and train only the new layers with MLM in the source langua
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from minimodel.config.schema import ExperimentConfig, is_hf_source
-from minimodel.data.mlm import mlm_datamodule
+from minimodel.data.mlm import MLMDataModule, mlm_datamodule
 from minimodel.data.prepare import load_source_tokenizer
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError
 from minimodel.flops import LayerShape, bridge_flops
-from minimodel.log import get_logger
+from minimodel.log import get_logger, process_rank
+from minimodel.models.bridge_init import AffineFit, fit_affine, layer_states, mean_lm_loss
 from minimodel.models.families import DEFAULT as DEFAULT_FAMILY
 from minimodel.models.families import hf_module, predicted_share
 from minimodel.models.model import RobertaMLM
 from minimodel.models.surgery import bridge_trainable, build_minipost, primary_only, trainable_parameters
+from minimodel.store import atomic
 from minimodel.store.checkpoints import CheckpointError, TrainingMeta, load_trained_model
-from minimodel.store.layout import is_done
+from minimodel.store.layout import BRIDGE_INFO, is_done
 from minimodel.store.provenance import producers
 from minimodel.systems import stage_plan
 from minimodel.training.mlm import MLMModule
@@ -41,6 +47,41 @@ def load_primary(source: str, family: str = DEFAULT_FAMILY) -> tuple[RobertaMLM,
     raise CheckpointError(f"bridge source {source} not found (pretrain BL_BASE first, or set bridge.source)")
 
 
+def fit_blocks(data: MLMDataModule, tokens: int) -> list[torch.Tensor]:
+    """The first training blocks of ``data`` (unmasked token ids) that hold at least ``tokens`` tokens, in order."""
+    train = data.train_set
+    n = min(len(train), max(1, math.ceil(tokens / data.seq_len)))
+    return [torch.from_numpy(train.block(train.blocks[i]).astype(np.int64)) for i in range(n)]
+
+
+def fit_bridge_map(cfg: ExperimentConfig, primary: RobertaMLM, data: MLMDataModule) -> AffineFit:
+    """``bridge.init=affine``: the least-squares map from the source's state after layer ``bridge.depth`` to its state
+    after layer L - ``bridge.layers`` (what the copied top layers read), over ``bridge.fit_tokens`` English tokens."""
+    b = cfg.bridge
+    top = primary.cfg.layers - b.layers
+    blocks = fit_blocks(data, b.fit_tokens)
+    states = layer_states(primary, blocks, [b.depth, top])
+    fit = fit_affine(states[b.depth], states[top])
+    log.info(f"bridge.init=affine: layer {b.depth} -> layer {top} state map fitted on {fit.tokens:,} "
+             f"{cfg.source_lang} tokens (R^2 {fit.r2:.3f})")
+    return fit
+
+
+def step0_losses(cfg: ExperimentConfig, mini: RobertaMLM, primary: RobertaMLM, data: MLMDataModule
+                 ) -> dict[str, float | int]:
+    """The mini-model's loss on the validation blocks before any update, beside the source model's on the same
+    blocks (at most ``trainer.val_batches`` micro-batches, as validation reads them), float32."""
+    val = data.val_set
+    n = len(val) if not cfg.bridge.trainer.val_batches else min(len(val),
+                                                                 cfg.bridge.trainer.val_batches * data.micro_batch)
+    items = [val[i] for i in range(n)]
+    ids, labels = [x["input_ids"].long() for x in items], [x["labels"].long() for x in items]
+    mini_loss, source_loss = mean_lm_loss(mini, ids, labels), mean_lm_loss(primary, ids, labels)
+    log.info(f"step 0 (before any update): the mini-model's {cfg.source_lang} validation loss {mini_loss:.4f}, the "
+             f"source model's {source_loss:.4f} ({mini_loss - source_loss:+.4f} nats) over {n} blocks")
+    return {"step0_loss": mini_loss, "source_loss": source_loss, "step0_blocks": n}
+
+
 def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
     plan = stage_plan(cfg, "bridge")
     if not plan.runs_here:
@@ -57,18 +98,37 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
 
     def build(inputs: tuple[RobertaMLM, AnyTokenizer]) -> Training:
         primary, tok = inputs
-        mini = build_minipost(primary, b.depth, b.layers, seed=b.trainer.seed)
+        data = mlm_datamodule(cfg, cfg.source_lang, b.optim, b.trainer.seed, tok)
+        data.setup()
+        fit = fit_bridge_map(cfg, primary, data) if b.init == "affine" else None
+        mini = build_minipost(primary, b.depth, b.layers, seed=b.trainer.seed, init=b.init,
+                              affine=(fit.weight, fit.bias) if fit is not None else None)
         n_train = trainable_parameters(mini)
-        log.info(f"MiniPost mini-model: {b.depth} copied + {b.layers} new layers; {n_train:,} trainable parameters")
+        teacher = primary if b.objective == "distill" else None
+        log.info(f"MiniPost mini-model: {b.depth} copied + {b.layers} {'new' if b.init == 'random' else 'copied top'} "
+                 f"layers{' after an affine map' if fit is not None else ''} (bridge.init={b.init}), trained on "
+                 f"{'distillation from the ' + str(primary.cfg.layers) + '-layer source' if teacher else 'the LM loss'}"
+                 f"; {n_train:,} trainable parameters")
+        info = {"init": b.init, "objective": b.objective, "distill_mse": b.distill_mse, "depth": b.depth,
+                "bridge_layers": b.layers, "trainable_parameters": n_train, **step0_losses(cfg, mini, primary, data)}
+        if fit is not None:
+            info["affine"] = {"tokens": fit.tokens, "r2": fit.r2, "from_layer": b.depth,
+                              "to_layer": primary.cfg.layers - b.layers}
+        if process_rank() == 0:
+            atomic.write_json(plan.writes / BRIDGE_INFO, info)
         flops = bridge_flops(mini.cfg.layers, mini.cfg.hidden, cfg.data.seq_len, mini.cfg.vocab_size,
                              predicted_share(cfg), b.optim.global_batch, 1, trainable_layers=b.layers,
-                             shape=LayerShape.of(mini.cfg))
+                             shape=LayerShape.of(mini.cfg), affine=fit is not None,
+                             teacher_layers=primary.cfg.layers if teacher else 0)
         meta = TrainingMeta(stage="bridge", system=cfg.system, lang=cfg.source_lang, model_config=asdict(mini.cfg),
                             tokenizer={"path": str(tok.path), "sha256": tok.sha256},
                             extra={"primary": r.primary, "depth": b.depth, "bridge_layers": b.layers,
-                                   "trainable_parameters": n_train})
-        module = MLMModule(mini, b.optim, meta, flops, trainable=bridge_trainable(b.depth), adamw=b.trainer.adamw)
-        return Training(module, mlm_datamodule(cfg, cfg.source_lang, b.optim, b.trainer.seed, tok), b.optim, b.trainer,
-                        flops_per_update=flops, tokens_per_update=b.optim.global_batch * cfg.data.seq_len)
+                                   "trainable_parameters": n_train, "init": b.init, "objective": b.objective,
+                                   "step0_loss": info["step0_loss"]})
+        module = MLMModule(mini, b.optim, meta, flops, trainable=bridge_trainable(b.depth), adamw=b.trainer.adamw,
+                           teacher=teacher, distill_mse=b.distill_mse)
+        return Training(module, data, b.optim, b.trainer, flops_per_update=flops,
+                        tokens_per_update=b.optim.global_batch * cfg.data.seq_len,
+                        finish=lambda _: {"bridge": info})
 
     return Runner(cfg, Stage("bridge", plan.writes, b.trainer.seed, inputs=producers(pretrain=r.pretrain)), prepare, build).run(progress_bar)

@@ -46,6 +46,7 @@ METRICS = "metrics.csv"
 LAST = "last.ckpt"
 FINETUNED = "model.pt"
 ADAPT_INFO = "adapt_info.json"
+BRIDGE_INFO = "bridge_info.json"  # how step 1b built its mini-model and its loss before any update
 RESULTS = "results.jsonl"
 
 

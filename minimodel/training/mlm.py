@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torchmetrics import MeanMetric
 
@@ -90,6 +91,34 @@ def window_factor(step: int, every: int, total: int, warmup: int) -> float:
     return max(0.0, (end - step) / max(1, end - start - warm))
 
 
+def distill_losses(student: nn.Module, teacher: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor,
+                   mse_weight: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``bridge.objective=distill``: at the positions the LM loss scores (``labels`` != -100), the KL divergence
+    KL(teacher || student) of the two next-token (or masked-token) distributions, plus ``mse_weight`` times the mean
+    squared difference of their final hidden states (each model's ``final_state``: what its output projection and a
+    task head read). The teacher runs without gradient. Returns the training loss and its parts, with the student's
+    own LM loss (``lm``, logged, not trained) beside them."""
+    where = labels.flatten().ne(IGNORE_INDEX).nonzero().squeeze(1)
+    targets = labels.flatten().index_select(0, where)
+    top = student.cfg.layers
+    h_s = student.hidden_states(input_ids, [top], padded=False)[top].flatten(0, 1).index_select(0, where)
+    with torch.no_grad():
+        depth = teacher.cfg.layers
+        h_t = teacher.hidden_states(input_ids, [depth], padded=False)[depth].flatten(0, 1).index_select(0, where)
+        teacher_logp = F.log_softmax(teacher.heads[PRIMARY](h_t).float(), dim=-1)
+        teacher_state = teacher.final_state(h_t).float() if mse_weight else None
+    logits = student.heads[PRIMARY](h_s).float()
+    logp = F.log_softmax(logits, dim=-1)
+    kl = F.kl_div(logp, teacher_logp, log_target=True, reduction="batchmean")
+    parts = {"kl": kl, "lm": F.nll_loss(logp, targets).detach()}
+    loss = kl
+    if mse_weight:
+        mse = F.mse_loss(student.final_state(h_s).float(), teacher_state)
+        parts["mse"] = mse
+        loss = loss + mse_weight * mse
+    return loss, parts
+
+
 class MLMModule(L.LightningModule):
     """Trains the parameters of ``model`` that require a gradient on the weighted sum of the MLM losses of its
     heads (``weights``: head -> weight; default the mean over the heads).
@@ -99,11 +128,20 @@ class MLMModule(L.LightningModule):
     def __init__(self, model: RobertaMLM, optim: OptimConfig, meta: TrainingMeta, flops: float | FlopSchedule,
                  trainable: Callable[[str], bool] | None = None, weights: Mapping[str, float] | None = None,
                  phase_head: Callable[[int], str] | None = None, forget_every: int = 0,
-                 forget_lr_restart: bool = False, forget_seed: int = 0, adamw: str = "auto") -> None:
+                 forget_lr_restart: bool = False, forget_seed: int = 0, adamw: str = "auto",
+                 teacher: nn.Module | None = None, distill_mse: float = 0.0) -> None:
         """``flops``: per update, or a ``FlopSchedule``; ``phase_head(step)``, when given, is the one head whose
         loss trains the update after ``step`` updates (progressive adaptation) instead of the weighted sum;
-        ``adamw``: ``trainer.adamw``."""
+        ``adamw``: ``trainer.adamw``; ``teacher``: train on ``distill_losses`` against this frozen model instead of
+        the LM loss (``bridge.objective=distill``; it is not part of the module's state: checkpoints hold only the
+        trained model)."""
         super().__init__()
+        if teacher is not None:
+            if phase_head is not None or len(model.cfg.head_names) > 1:
+                raise ValueError("distillation trains one head: no phases, no secondary heads")
+            teacher.eval().requires_grad_(False)
+        self._teacher = (teacher,) if teacher is not None else ()  # a tuple: not a registered submodule
+        self.distill_mse = distill_mse
         self.model, self.optim_cfg, self.meta, self.adamw = model, optim, meta, adamw
         self.guard = UpdateGuard(optim.grad_clip)
         self.flops = flops if isinstance(flops, FlopSchedule) else FlopSchedule.constant(flops)
@@ -114,7 +152,13 @@ class MLMModule(L.LightningModule):
         self._forgot_at = -1
         self.val = MLMValidation(model.cfg.head_names)
 
+    @property
+    def teacher(self) -> nn.Module | None:
+        return self._teacher[0] if self._teacher else None
+
     def on_fit_start(self) -> None:
+        if self.teacher is not None:
+            self.teacher.to(self.device)
         if self.trainable is None:
             return
         for name, p in self.model.named_parameters():
@@ -122,7 +166,10 @@ class MLMModule(L.LightningModule):
                 raise RuntimeError(f"{self.meta.stage}: {name} should {'' if self.trainable(name) else 'not '}train")
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The training loss (the weighted sum over heads, or the phase's head) and each head's loss."""
+        """The training loss (the weighted sum over heads, the phase's head, or the distillation loss) and each
+        head's loss (with a teacher: the student's LM loss and the distillation's parts)."""
+        if self.teacher is not None:
+            return distill_losses(self.model, self.teacher, batch["input_ids"], batch["labels"], self.distill_mse)
         if self.phase_head is not None:
             head = self.phase_head(self.global_step)
             losses = self.model.lm_losses(batch["input_ids"], batch["labels"], [head])
@@ -136,6 +183,12 @@ class MLMModule(L.LightningModule):
         A phased run logs its loss as ``train/loss`` whatever the phase's head."""
         loss, losses = self.loss(batch)  # a NaN/inf loss stops the run at the update's gradient check (guard)
         heads = list(losses)
+        if self.teacher is not None:  # the student's LM loss as every stage logs it, and the distillation's parts
+            logs = {"train/loss": losses["lm"], **{f"train/{k}": v.detach() for k, v in losses.items() if k != "lm"},
+                    "train/loss_total": loss.detach()}
+            self.log_dict(logs, prog_bar=True, on_step=True, on_epoch=False)
+            self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
+            return loss
         if self.phase_head is not None:
             logs = {"train/loss": loss.detach()}
         else:

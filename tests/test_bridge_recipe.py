@@ -1,0 +1,289 @@
+"""MiniPost's bridge beyond the paper (issue 52): bridge.init (random | copy | affine), bridge.objective (lm | distill),
+the step-0 loss every bridge run records, and `minimodel layers` (choosing N from the source model's states)."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from minimodel.cli import main
+from minimodel.cluster.memory import stage_models
+from minimodel.config.load import model_preset
+from minimodel.errors import ConfigError
+from minimodel.flops import bridge_flops, layer_flops, lm_head_flops
+from minimodel.models.bridge_init import fit_affine, layer_states, layer_table, mean_lm_loss
+from minimodel.models.families import build
+from minimodel.models.model import IGNORE_INDEX, PRIMARY
+from minimodel.models.surgery import bridge_trainable, build_minipost, trainable_parameters
+from minimodel.report.costs import cost_rows
+from minimodel.store.checkpoints import load_trained_model
+from minimodel.store.identity import stage_changes
+from minimodel.training.mlm import distill_losses
+from tests.conftest import ROOT, TINY_STAGE, stage_overrides, tiny_config, tiny_overrides
+
+DECODER = dict(family="decoder", norm="rmsnorm", positions="rotary", activation="swiglu", bias=False,
+               tie_embeddings=True, dropout=0.0, attn_dropout=0.0)
+
+
+def source(family: str, layers: int = 6, vocab: int = 200):
+    torch.manual_seed(0)
+    extra = DECODER if family == "decoder" else dict(dropout=0.0, attn_dropout=0.0)
+    cfg = replace(model_preset("tiny", vocab_size=vocab), layers=layers, **extra)
+    return build(cfg).eval()
+
+
+def blocks(n: int = 6, T: int = 16, V: int = 200, seed: int = 0, causal: bool = True):
+    g = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(5, V, (T,), generator=g) for _ in range(n)]
+    if causal:
+        labels = [torch.cat([x[1:], torch.tensor([IGNORE_INDEX])]) for x in ids]
+    else:
+        labels = [torch.where(torch.rand(T, generator=g) < 0.3, x, IGNORE_INDEX) for x in ids]
+    return ids, labels
+
+
+# ----------------------------------------------------------------------------------------- the affine fit
+
+
+def test_fit_affine_recovers_a_known_map():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2000, 16, generator=g)
+    a, b = torch.randn(16, 16, generator=g), torch.randn(16, generator=g)
+    fit = fit_affine(x, x @ a.T + b)
+    assert torch.allclose(fit.weight, a, atol=1e-3) and torch.allclose(fit.bias, b, atol=1e-3)
+    assert fit.r2 == pytest.approx(1.0, abs=1e-6) and fit.tokens == 2000
+    noisy = fit_affine(x, x @ a.T + b + 3 * torch.randn(2000, 16, generator=g))
+    assert 0.0 < noisy.r2 < 0.99  # what is not affine stays unexplained
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        fit_affine(x[:1], x[:1])
+
+
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+def test_an_identity_affine_map_changes_nothing(family):
+    model = source(family)
+    mapped = build(replace(model.cfg, affine_after=3)).eval()
+    mapped.load_state_dict({**model.state_dict(), "affine.weight": torch.eye(model.cfg.hidden),
+                            "affine.bias": torch.zeros(model.cfg.hidden)})
+    ids = torch.stack(blocks(2)[0])
+    assert torch.allclose(mapped.logits(ids) if family == "decoder" else mapped.mlm_logits(ids),
+                          model.logits(ids) if family == "decoder" else model.mlm_logits(ids), atol=1e-5)
+    with pytest.raises(ValueError, match="model.affine_after"):
+        replace(model.cfg, affine_after=6)
+
+
+# ----------------------------------------------------------------------------------------- bridge.init
+
+
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+def test_copy_puts_the_source_top_layers_above_the_bottom_ones(family):
+    model = source(family)
+    mini = build_minipost(model, 2, 2, init="copy")
+    assert mini.cfg.layers == 4 and mini.cfg.affine_after == 0
+    for j, src in enumerate((4, 5)):
+        for (name, a), (_, b) in zip(mini.layers[2 + j].state_dict().items(), model.layers[src].state_dict().items()):
+            assert torch.equal(a, b), name
+    for i in range(2):
+        assert all(torch.equal(a, b) for a, b in zip(mini.layers[i].state_dict().values(),
+                                                     model.layers[i].state_dict().values()))
+    random = build_minipost(model, 2, 2, init="random")
+    assert not torch.equal(random.layers[2].attn_out.weight if family == "decoder" else
+                           random.layers[2].attn_out.weight, model.layers[4].attn_out.weight)
+
+
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+def test_a_full_depth_copy_is_the_source_model(family):
+    """depth + bridge layers = L: the copied mini-model is the source itself, with or without an identity map."""
+    model = source(family)
+    ids, labels = blocks(causal=family == "decoder")
+    full = mean_lm_loss(model, ids, labels)
+    for init in ("copy", "affine"):
+        mini = build_minipost(model, 4, 2, init=init)
+        assert mean_lm_loss(mini, ids, labels) == pytest.approx(full, abs=1e-5), init
+
+
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+def test_affine_maps_layer_n_onto_what_the_copied_layers_read(family):
+    model = source(family, layers=8)
+    ids, _ = blocks(12)
+    states = layer_states(model, ids, [2, 6])
+    fit = fit_affine(states[2], states[6])
+    mini = build_minipost(model, 2, 2, init="affine", affine=(fit.weight, fit.bias))
+    assert mini.cfg.affine_after == 2
+    assert torch.equal(mini.affine.weight, fit.weight) and torch.equal(mini.affine.bias, fit.bias)
+    mapped = layer_states(mini, ids, [2])[2]  # layer 2's state is the mapped one
+    assert torch.allclose(mapped, fit.apply(states[2]), atol=1e-4)
+    # what trains: the two bridge layers and the map; nothing else
+    trainable = {n for n, p in mini.named_parameters() if p.requires_grad}
+    assert {"affine.weight", "affine.bias"} <= trainable
+    assert all(n.startswith(("affine.", "layers.2.", "layers.3.")) for n in trainable)
+    assert bridge_trainable(2)("affine.weight") and not bridge_trainable(2)("layers.1.qkv.weight")
+    h = model.cfg.hidden
+    assert trainable_parameters(mini) == trainable_parameters(build_minipost(model, 2, 2, init="copy")) + h * h + h
+
+
+def test_copy_refuses_layers_that_overlap_the_bottom_ones():
+    model = source("decoder")
+    with pytest.raises(ValueError, match="at most 6"):
+        build_minipost(model, 5, 2, init="copy")
+    build_minipost(model, 5, 2, init="random")  # the paper's bridge sits on any depth
+    with pytest.raises(ValueError, match="init must be one of"):
+        build_minipost(model, 2, 2, init="zeros")
+
+
+# ----------------------------------------------------------------------------------------- bridge.objective
+
+
+def test_distillation_of_the_source_by_itself_is_zero_and_trains_only_the_student():
+    teacher = source("decoder")
+    ids, labels = blocks()
+    x, y = torch.stack(ids), torch.stack(labels)
+    same = build_minipost(teacher, 4, 2, init="copy")
+    loss, parts = distill_losses(same, teacher, x, y, mse_weight=1.0)
+    assert float(parts["kl"]) == pytest.approx(0.0, abs=1e-5) and float(parts["mse"]) == pytest.approx(0.0, abs=1e-6)
+    assert float(parts["lm"]) == pytest.approx(mean_lm_loss(teacher, ids, labels), abs=1e-4)
+    student = build_minipost(teacher, 2, 2, init="random")
+    loss, parts = distill_losses(student, teacher, x, y, mse_weight=0.5)
+    assert float(parts["kl"]) > 1e-4 and float(loss) == pytest.approx(float(parts["kl"] + 0.5 * parts["mse"]))
+    loss.backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    grads = {n for n, p in student.named_parameters() if p.grad is not None}
+    assert grads and all(n.startswith(("layers.2.", "layers.3.")) for n in grads)
+
+
+# ----------------------------------------------------------------------------------------- costs
+
+
+def test_bridge_flops_price_the_affine_map_and_the_teacher():
+    h, s, V, p = 64, 32, 500, 1.0
+    base = bridge_flops(6, h, s, V, p, 8, 10, trainable_layers=2)
+    layer, head = layer_flops(h, s), lm_head_flops(h, s, V, p)
+    assert base == pytest.approx(80 * ((6 + 2 * 2 - 1) * layer + 2 * head))  # A4
+    assert bridge_flops(6, h, s, V, p, 8, 10, trainable_layers=2, affine=True) == pytest.approx(
+        base + 80 * (layer + 4 * s * h * h))
+    assert bridge_flops(6, h, s, V, p, 8, 10, trainable_layers=2, teacher_layers=12) == pytest.approx(
+        base + 80 * (12 * layer + head))
+
+
+def minipost(tmp_path, *extra):
+    return tiny_config(tmp_path, tmp_path, "system=minipost", "model.mini_heads=[]", "bridge.depth=2",
+                       "bridge.layers=1", *extra)
+
+
+def test_cost_table_and_memory_plan_follow_the_recipe(tmp_path):
+    paper, recipe = minipost(tmp_path), minipost(tmp_path, "bridge.init=affine", "bridge.objective=distill")
+    row = {r["step"].split(" (")[0]: r for r in cost_rows(paper)}["1b bridge"]
+    new = next(r for r in cost_rows(recipe) if r["step"].startswith("1b bridge"))
+    assert new["formula"] == "A4 + affine + teacher forward" and "distilled from 4 layers" in new["step"]
+    assert new["flops"] > row["flops"]
+    old_mem = next(s for s in stage_models(paper) if s.stage == "bridge")
+    new_mem = next(s for s in stage_models(recipe) if s.stage == "bridge")
+    h = paper.model.hidden
+    assert new_mem.trainable == old_mem.trainable + h * h + h and new_mem.heads == 2
+    assert new_mem.params > 2 * old_mem.params - 4 * h  # the teacher is a second, deeper model in memory
+
+
+# ----------------------------------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize("override, message", [
+    ("bridge.init=zeros", "bridge.init must be one of random, copy, affine"),
+    ("bridge.objective=kl", "bridge.objective must be one of lm, distill"),
+    ("bridge.distill_mse=0.5", "set bridge.objective=distill"),
+    ("bridge.distill_mse=-1", "bridge.distill_mse must be 0 or a positive number"),
+    ("bridge.fit_tokens=0", "bridge.fit_tokens must be a positive integer"),
+])
+def test_bad_bridge_settings_are_refused_at_load(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        minipost(tmp_path, override)
+
+
+def test_copy_deeper_than_the_model_is_refused_at_load(tmp_path):
+    with pytest.raises(ConfigError, match="depth \\+ layers must be at most model.layers \\(4\\), got 5"):
+        minipost(tmp_path, "bridge.init=copy", "bridge.depth=3", "bridge.layers=2")
+
+
+def test_the_recipe_is_part_of_the_bridge_identity(tmp_path):
+    from omegaconf import OmegaConf
+
+    def plain(cfg):
+        return OmegaConf.to_container(OmegaConf.structured(cfg))
+
+    paper = plain(minipost(tmp_path))
+    for override in ("bridge.init=copy", "bridge.objective=distill", "bridge.fit_tokens=100"):
+        changed = stage_changes(paper, plain(minipost(tmp_path, override)), "bridge")
+        assert [k for k, _, _ in changed] == [override.split("=")[0]]
+    # an older run's config without the keys counts as the paper's recipe
+    old = {k: v for k, v in paper.items()}
+    old["bridge"] = {k: v for k, v in paper["bridge"].items() if k not in ("init", "objective", "fit_tokens",
+                                                                         "distill_mse")}
+    assert stage_changes(old, paper, "bridge") == []
+
+
+# ----------------------------------------------------------------------------------------- the stage, end to end
+
+
+@pytest.mark.slow
+def test_an_affine_distilled_bridge_records_its_step_0_loss_and_keeps_the_bottom(tmp_path, prepared, corpus_dir):
+    from minimodel.stages.bridge import run_bridge
+    from minimodel.stages.pretrain import run_pretrain
+
+    stages = stage_overrides(["pretrain", "bridge"], updates=6, **TINY_STAGE, ckpt_every=6, val_every=6, log_every=2)
+    common = ["model.mini_heads=[]", "bridge.depth=2", "bridge.layers=1", *stages]
+    base = run_pretrain(tiny_config(tmp_path, corpus_dir, "system=bl_base", *common, prepared=prepared),
+                        progress_bar=False).run_dir
+    primary, _ = load_trained_model(base / "checkpoints" / "last.ckpt")
+    recipe = ["bridge.init=affine", "bridge.objective=distill", "bridge.distill_mse=0.1", "bridge.fit_tokens=500"]
+    run = run_bridge(tiny_config(tmp_path, corpus_dir, "system=minipost", *common, *recipe, prepared=prepared),
+                     progress_bar=False)
+    info = json.loads((run.run_dir / "bridge_info.json").read_text())
+    assert info["init"] == "affine" and info["objective"] == "distill"
+    assert info["affine"]["tokens"] == 8 * 64 and info["affine"]["from_layer"] == 2 and info["affine"]["to_layer"] == 3
+    assert info["step0_blocks"] == 8 and info["step0_loss"] > 0 and info["source_loss"] > 0
+    assert run.done["bridge"]["step0_loss"] == info["step0_loss"]
+    mini, meta = load_trained_model(run.run_dir / "checkpoints" / "last.ckpt")
+    assert mini.cfg.affine_after == 2 and meta.extra["init"] == "affine"
+    assert meta.flops == pytest.approx(6 * bridge_flops(3, 64, 64, 1000, 0.15, 8, 1, trainable_layers=1, affine=True,
+                                                        teacher_layers=4))
+    for i in range(2):  # the copied bottom layers are bit-identical to the source's
+        for (name, a), b in zip(mini.layers[i].state_dict().items(), primary.layers[i].state_dict().values()):
+            assert torch.equal(a, b), name
+    metrics = (run.run_dir / "metrics.csv").read_text()
+    assert "train/kl" in metrics and "train/mse" in metrics
+
+    # a full-depth copy is the source model itself: its step-0 loss is the source's
+    full = ["bridge.init=copy", "bridge.depth=3", "name=tiny_full"]
+    run = run_bridge(tiny_config(tmp_path, corpus_dir, "system=minipost", *common, *full,
+                                 f"bridge.source={base / 'checkpoints' / 'last.ckpt'}", prepared=prepared),
+                     progress_bar=False)
+    info = json.loads((run.run_dir / "bridge_info.json").read_text())
+    assert info["step0_loss"] == pytest.approx(info["source_loss"], abs=1e-5)
+
+    # `minimodel layers`: a row per layer of the source; the affine mini-model at N = L - k is the source
+    out = tmp_path / "layers.json"
+    args = [str(ROOT / "experiments" / "tiny.yaml"), *tiny_overrides(tmp_path, corpus_dir, prepared),
+            "data.num_workers=0", "system=minipost", *common, "bridge.fit_tokens=500"]
+    assert main(["layers", *args, "--json", str(out)]) == 0
+    table = json.loads(out.read_text())
+    rows = table["rows"]
+    assert [r["layer"] for r in rows] == [1, 2, 3, 4]
+    assert rows[2]["affine_gap"] == pytest.approx(0.0, abs=1e-4) and rows[2]["affine_r2"] == pytest.approx(1.0)
+    assert rows[3]["affine_loss"] != rows[3]["affine_loss"]  # nan: no mini-model of depth L
+    assert all(0.0 <= r["angular_to_last"] <= 1.0 for r in rows) and rows[3]["angular_to_last"] < 1e-3
+    assert 0 < rows[0]["step2_share"] < rows[1]["step2_share"] < 1
+    assert main(["layers", *args, "--json", str(out)]) != 0  # never over an existing file
+
+
+def test_layer_table_on_a_decoder_matches_the_mini_models_it_describes():
+    model = source("decoder", layers=6)
+    fit_ids, _ = blocks(10, seed=1)
+    ids, labels = blocks(4, seed=2)
+    rows, full = layer_table(model, fit_ids, ids, labels, bridge_layers=2)
+    assert full == pytest.approx(mean_lm_loss(model, ids, labels))
+    for n in (1, 3):
+        states = layer_states(model, fit_ids, [n, 4])
+        fit = fit_affine(states[n], states[4])
+        mini = build_minipost(model, n, 2, init="affine", affine=(fit.weight, fit.bias))
+        assert rows[n - 1].affine_loss == pytest.approx(mean_lm_loss(mini, ids, labels), abs=1e-4)
+    assert rows[3].affine_loss == pytest.approx(full, abs=1e-4)  # N = L - k: the source itself
+    assert PRIMARY in model.heads
