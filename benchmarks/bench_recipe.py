@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
 import platform
 import sys
@@ -37,8 +36,8 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from minimodel.experiment import load_experiment  # noqa: E402
 from minimodel.config.schema import ExperimentConfig  # noqa: E402
+from minimodel.experiment import load_experiment  # noqa: E402
 
 EXPERIMENT = ROOT / "experiments" / "recipe_smollm2.yaml"
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "recipe-vm.json"
