@@ -177,7 +177,7 @@ def _validate_logging(cfg: ExperimentConfig, fail: Any) -> None:
              f"{' '.join(WANDB_PROJECT_CHARS)} (it is spelled into W&B's entity/project/run paths)")
 
 
-INITS = ("overlap", "random", "focus")
+INITS = ("overlap", "random", "focus", "mean")
 """``adapt.init`` values (``stages.adapt.INITS`` implements each)."""
 
 
