@@ -131,14 +131,14 @@ def variant_infos(vs: list[Any]) -> dict[str, Any]:
 
 
 def init_twins(vs: list[Any]) -> dict[str, str]:
-    """Label of each row adapted from another initialisation than overlap (``adapt.init``, a tagged step-2 variant)
-    -> the label of the same system adapted from overlap, when the experiment's variants ``vs`` have it (reports
-    pool seeds)."""
+    """Label of each row adapted from FOCUS (``adapt.init=focus``, a tagged step-2 variant) -> the label of the same
+    system adapted from overlap, when the experiment's variants ``vs`` have it (reports pool seeds): the report's FOCUS
+    claims read these pairs, so rows of another initialisation (``mean``, ``random``) are not among them."""
     plain = {pooled_label(v.label, v.cfg.pretrain.trainer.seed) for v in vs if v.cfg.adapt.init == "overlap"}
     out: dict[str, str] = {}
     for v in vs:
         tag, seed = v.cfg.adapt.tag, v.cfg.pretrain.trainer.seed
-        if v.cfg.adapt.init == "overlap" or not tag:
+        if v.cfg.adapt.init != "focus" or not tag:
             continue
         twin = pooled_label(v.label.replace(f"+{tag}", "").replace(f"@{tag}", ""), seed)
         if twin in plain:

@@ -113,7 +113,7 @@ def test_the_fasttext_flop_estimate_by_hand():
 
 
 def test_bad_focus_settings_are_refused_at_load(tmp_path, monkeypatch):
-    with pytest.raises(ConfigError, match=r"adapt.init must be one of overlap, random, focus, got 'foo'"):
+    with pytest.raises(ConfigError, match=r"adapt.init must be one of overlap, random, focus, mean, got 'foo'"):
         tiny_config(tmp_path, tmp_path, "adapt.init=foo")
     with pytest.raises(ConfigError, match=r"adapt.focus.top_k must be 0 \(every overlapping piece\) or a positive"):
         tiny_config(tmp_path, tmp_path, "adapt.focus.top_k=-1")

@@ -202,7 +202,7 @@ def _validate_bridge(cfg: ExperimentConfig, fail: Any) -> None:
              f"{b.depth + b.layers}")
 
 
-INITS = ("overlap", "random", "focus")
+INITS = ("overlap", "random", "focus", "mean")
 """``adapt.init`` values (``stages.adapt.INITS`` implements each)."""
 
 

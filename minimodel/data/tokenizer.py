@@ -4,9 +4,10 @@ for the source language only, a Hugging Face tokenizer when the primary model is
 
 Both kinds offer the same small interface: ``encode``, ``encode_one``, ``encode_with_offsets``,
 ``decode``, ``vocab_size``, ``sha256`` (the identity checked wherever embeddings meet a tokenizer),
-``specials`` (the ids of ``<s> <pad> </s> <unk> <mask>``) and ``surface_pieces()`` (every piece in
+``specials`` (the ids of ``<s> <pad> </s> <unk> <mask>``), ``surface_pieces()`` (every piece in
 SentencePiece spelling, so that vocabularies of different conventions can be compared for the
-overlap initialisation of footnote 1).
+overlap initialisation of footnote 1) and ``encode_piece()`` (a piece of another vocabulary, given in
+SentencePiece spelling, segmented by this one: ``adapt.init=mean``).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class AnyTokenizer(Protocol):
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]: ...
     def decode(self, ids: Iterable[int]) -> str: ...
     def surface_pieces(self) -> list[str | None]: ...
+    def encode_piece(self, piece: str) -> list[int]: ...
 
 
 class Tokenizer:
@@ -124,6 +126,21 @@ class Tokenizer:
 
     def surface_pieces(self) -> list[str | None]:
         return self.pieces()
+
+    def encode_piece(self, piece: str) -> list[int]:
+        """The ids this model segments ``piece`` (SentencePiece spelling: "▁" is a space) into, read as exactly that
+        text: without the word start SentencePiece puts before every text ("ung" stays a continuation, not "▁ung")
+        and keeping its spaces. <unk> where a character is not in the vocabulary."""
+        exact = self.__dict__.get("_exact")
+        if exact is None:  # the same model with its normaliser told to add and strip nothing
+            from sentencepiece import sentencepiece_model_pb2
+
+            proto = sentencepiece_model_pb2.ModelProto()
+            proto.ParseFromString(self.sp.serialized_model_proto())
+            proto.normalizer_spec.add_dummy_prefix = False
+            proto.normalizer_spec.remove_extra_whitespaces = False
+            exact = self._exact = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
+        return exact.encode(piece.replace(WORD_START, " "))
 
 
 def _skip_space(text: str, start: int, end: int) -> int:
@@ -269,6 +286,26 @@ class HFTokenizer:
             else:
                 out.append(wordpiece_surface(piece))
         return out
+
+    def encode_piece(self, piece: str) -> list[int]:
+        """The ids this tokenizer segments ``piece`` (SentencePiece spelling: "▁" is a space) into, as that text
+        alone: no special tokens (a byte-level BPE such as GPT-2's or SmolLM2's reads " the" as "Ġthe" and "ung" as
+        "ung"). A tokenizer that puts a word start before every text (a SentencePiece-style ``Metaspace``, a
+        byte-level BPE with ``add_prefix_space``) has it taken off where it is a piece of its own ("▁", then "ung");
+        where it is merged into the first piece ("▁ung", not the continuation "ung") there is no faithful
+        segmentation and the answer is [] (so is an empty text)."""
+        ids = self._backend.encode(piece.replace(WORD_START, " "), add_special_tokens=False).ids
+        surfaces = self.__dict__.get("_surfaces")
+        if surfaces is None:
+            surfaces = self._surfaces = self.surface_pieces()
+        first = surfaces[ids[0]] if ids and ids[0] < len(surfaces) else None
+        added = first is not None and first.startswith(WORD_START) and not piece.startswith(WORD_START)
+        if not added and first == WORD_START and len(ids) > 1:  # "▁the" read as "▁▁the" (a prepended word start)
+            rest = surfaces[ids[1]] if ids[1] < len(surfaces) else None
+            added = rest is not None and rest.startswith(WORD_START)
+        if added:
+            return ids[1:] if first == WORD_START else []
+        return ids
 
 
 def load_tokenizer(ref: str | Path) -> Tokenizer | HFTokenizer:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -190,6 +190,70 @@ def overlap_init(source: Tensor, source_pieces: Sequence[str | None], target_pie
     if copied.any():
         weight[copied] = source.detach()[rows[copied]].to(weight.dtype)
     return weight, rows
+
+
+@dataclass
+class MeanInit:
+    """``mean_init``'s answer: the target matrix and how each of its rows was made."""
+
+    weight: Tensor  # (V_trg, h)
+    rows: Tensor  # per target piece: the source row it copies (-1: not copied), as ``overlap_init``
+    segments: list[tuple[int, ...] | None]  # per target piece: the source rows it is the mean of (None: not a mean)
+    out_of_range: int = 0  # segmentations refused for naming a row the source matrix does not have
+
+    @property
+    def means(self) -> Tensor:
+        return torch.tensor([s is not None for s in self.segments], dtype=torch.bool)
+
+    @property
+    def info(self) -> dict[str, int]:
+        copied, means = int((self.rows >= 0).sum()), int(self.means.sum())
+        return {"copied": copied, "mean": means, "random": len(self.segments) - copied - means}
+
+    def apply(self, values: Tensor, fallback: Tensor) -> Tensor:
+        """``fallback`` (one entry per target piece) with every mean piece's entry the mean of ``values``' entries
+        (rows of a matrix, or numbers of a vector: the source output biases) over its segmentation; a new tensor."""
+        out = fallback.detach().clone()
+        chosen = [i for i, s in enumerate(self.segments) if s is not None]
+        if not chosen:
+            return out
+        index = torch.tensor([j for i in chosen for j in self.segments[i]], dtype=torch.long)  # type: ignore[union-attr]
+        owner = torch.tensor([k for k, i in enumerate(chosen) for _ in self.segments[i]], dtype=torch.long)  # type: ignore[union-attr]
+        picked = values.detach()[index].to(torch.float64)
+        sums = torch.zeros((len(chosen), *values.shape[1:]), dtype=torch.float64).index_add_(0, owner, picked)
+        counts = torch.bincount(owner, minlength=len(chosen)).to(torch.float64)
+        out[torch.tensor(chosen)] = (sums / counts.view(-1, *[1] * (values.dim() - 1))).to(out.dtype)
+        return out
+
+
+def mean_init(source: Tensor, source_pieces: Sequence[str | None], target_pieces: Sequence[str | None],
+              segments: Sequence[Sequence[int] | None], std: float = 0.02,
+              generator: torch.Generator | None = None) -> MeanInit:
+    """Target embeddings by fast vocabulary transfer (Gee et al., 2022): a target piece that is also a source piece
+    copies its source embedding (as ``overlap_init``); every other piece with a segmentation by the source tokenizer
+    (``segments[i]``: source token ids) is the mean of those ids' rows of ``source``; the rest (no segmentation: None
+    or empty, or one naming a row ``source`` does not have) keep ``overlap_init``'s N(0, std) draw from ``generator``.
+
+    Rows are indexed by token id: ``source`` may have more rows than ``source_pieces`` (a matrix padded past the
+    tokenizer's vocabulary), and the draws are exactly ``overlap_init``'s (same generator, same order), so a piece
+    that falls back gets what the overlap initialisation gives it."""
+    weight, rows = overlap_init(source, source_pieces, target_pieces, std, generator)
+    if len(segments) != len(target_pieces):
+        raise ValueError(f"{len(segments)} segmentations for {len(target_pieces)} target pieces")
+    n_rows, out_of_range = source.shape[0], 0
+    kept: list[tuple[int, ...] | None] = []
+    for copied, seg in zip((rows >= 0).tolist(), segments):
+        ids = tuple(int(j) for j in seg) if seg else ()
+        if copied or not ids:
+            kept.append(None)
+        elif any(j < 0 or j >= n_rows for j in ids):
+            kept.append(None)
+            out_of_range += 1
+        else:
+            kept.append(ids)
+    r = MeanInit(weight, rows, kept, out_of_range)
+    r.weight = r.apply(source, weight)
+    return r
 
 
 def swap_embeddings(model: RobertaMLM, weight: Tensor, bias: Tensor | None = None,

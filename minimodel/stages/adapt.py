@@ -191,8 +191,68 @@ def focus_initial(cfg: ExperimentConfig, x: Inputs, head: str) -> Initial:
     return Initial(r.weight, r.bias, r.copied, info)
 
 
+def source_segments(source_tok: AnyTokenizer, target_tok: AnyTokenizer) -> tuple[list[list[int] | None], dict[int, str]]:
+    """Each target piece's segmentation by the source tokenizer (``encode_piece`` of its SentencePiece spelling), or
+    None where the source cannot segment it, and why (target piece id -> ``special``: a special piece of the target
+    tokenizer, or one without a spelling; ``unsegmented``: no faithful segmentation; ``unknown``: it holds a special
+    id of the source tokenizer, <unk> among them)."""
+    trg_special, src_special = set(target_tok.specials.ids), set(source_tok.specials.ids)
+    out: list[list[int] | None] = []
+    why: dict[int, str] = {}
+    for i, piece in enumerate(target_tok.surface_pieces()):
+        ids = None if i in trg_special or not piece else source_tok.encode_piece(piece)
+        if ids is None:
+            why[i] = "special"
+        elif not ids:
+            why[i] = "unsegmented"
+        elif src_special.intersection(ids):
+            why[i] = "unknown"
+        out.append(None if i in why else ids)
+    return out, why
+
+
+def mean_initial(cfg: ExperimentConfig, x: Inputs, head: str) -> Initial:
+    """Fast vocabulary transfer (Gee et al., 2022; ``surgery.mean_init``): each new target piece the mean of the source
+    embeddings (output biases; an untied model's output rows) of its segmentation by the source tokenizer; the overlap
+    initialisation where the source cannot segment it. No training: its cost is the seconds logged here."""
+    import time
+
+    from minimodel.models.surgery import mean_init
+
+    start, seed = time.perf_counter(), cfg.adapt.trainer.seed
+    src_pieces, trg_pieces = x.source_tok.surface_pieces(), x.target_tok.surface_pieces()
+    segments, why = source_segments(x.source_tok, x.target_tok)
+    body, std = x.body, x.body.cfg.init_std
+    r = mean_init(body.embeddings.tokens.weight, src_pieces, trg_pieces, segments, std,
+                  torch.Generator().manual_seed(seed))
+    bias = torch.zeros(x.target_tok.vocab_size)
+    src_bias = getattr(body.heads[head], "bias", None)
+    if src_bias is not None:  # copied pieces copy their bias, mean pieces average them, the rest start at 0
+        copied = r.rows >= 0
+        bias[copied] = src_bias.detach()[r.rows[copied]].to(bias.dtype)
+        bias = r.apply(src_bias, bias)
+    output = None
+    if not body.cfg.tie_embeddings:  # the same rule over the source output rows, init_output's draws (seed + 1)
+        output = mean_init(body.heads[head].decoder.weight, src_pieces, trg_pieces, segments, std,
+                           torch.Generator().manual_seed(seed + 1)).weight
+    random = [i for i, s in enumerate(r.segments) if s is None and int(r.rows[i]) < 0]
+    reasons = [why.get(i, "out_of_range") for i in random]
+    lengths = [len(s) for s in r.segments if s is not None]
+    # the sums and divisions of the means: embeddings, an untied output matrix, the output biases
+    flops = sum(lengths) * body.cfg.hidden * (1 if output is None else 2) + (sum(lengths) if src_bias is not None else 0)
+    info = {"method": "mean", **r.info,
+            "fallback": {k: reasons.count(k) for k in ("special", "unsegmented", "unknown", "out_of_range")},
+            "segment_mean": round(sum(lengths) / len(lengths), 3) if lengths else 0.0,
+            "segment_max": max(lengths, default=0), "flops_estimate": flops,
+            "seconds": round(time.perf_counter() - start, 3)}
+    log.info(f"mean {cfg.lang}: {info['copied']:,} pieces copied, {info['mean']:,} the mean of their segmentation by "
+             f"the source tokenizer ({info['segment_mean']:.2f} source pieces on average), {info['random']:,} random "
+             f"(the source cannot segment them: {info['fallback']}); {info['seconds']:.1f} s")
+    return Initial(r.weight, bias, info["copied"], info, output)
+
+
 INITS: dict[str, Callable[[ExperimentConfig, Inputs, str], Initial]] = {
-    "overlap": overlap_initial, "random": random_initial, "focus": focus_initial}
+    "overlap": overlap_initial, "random": random_initial, "focus": focus_initial, "mean": mean_initial}
 """``adapt.init``: how each kind of initialisation makes step 2's starting embeddings (``config.checks.INITS``)."""
 
 
