@@ -12,8 +12,8 @@ GGUF (``bash scripts/get_smollm2.sh``) and the prepared data (``minimodel prepar
 --langs en,fr,ru``). Runs go to ``--runs-dir`` (default runs/recipe_bench), one experiment name per setting, so a
 rerun skips what is finished.
 
-(a) **bridge**: the mini-model's English validation loss (64 blocks of 64 tokens, held out) at step 0 and every
-250 updates of 16 x 64 tokens, per (bridge.init, bridge.objective), same data order and seed; beside SmolLM2's own
+(a) **bridge**: the mini-model's English validation loss (32 blocks of 256 tokens, held out) at step 0 and every
+250 updates of 4 x 256 tokens, per (bridge.init, bridge.objective), same data order and seed; beside SmolLM2's own
 loss on the same blocks. (b) **embeddings**: target-language loss per character of SmolLM2 for each adapt.init (and
 vocabulary) at step 0 and after step 2, over the full model and over the mini-model, against SmolLM2 with its own
 tokenizer, on the text of the target's held-out blocks (decoded, so every tokenizer reads the same characters)."""
@@ -140,6 +140,103 @@ def part_bridge(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------- (b) the embeddings
 
 
+def held_out_texts(cfg: ExperimentConfig, lang: str) -> list[str]:
+    """The text of ``lang``'s held-out blocks (the last ``data.val_blocks``, which step 2 never trains on), decoded
+    from the target tokenizer's ids, one string per block (without its BOS)."""
+    from minimodel.data.mlm import mlm_datamodule
+    from minimodel.data.prepare import load_prepared_tokenizer
+
+    tok = load_prepared_tokenizer(cfg, lang)
+    data = mlm_datamodule(cfg, lang, cfg.adapt.optim, 1, tok)
+    data.setup()
+    val = data.val_set
+    return [tok.decode(val[i]["input_ids"][1:].tolist()) for i in range(len(val))]
+
+
+@torch.no_grad()
+def loss_per_char(model: torch.nn.Module, tok: Any, texts: list[str], window: int, batch: int = 4
+                  ) -> dict[str, float]:
+    """Next-token loss of ``model`` over ``texts`` tokenized by ``tok``, in nats per character of the text: each text
+    in windows of ``window`` tokens, each window after a BOS (the first token of a window is scored on BOS alone)."""
+    from minimodel.models.model import IGNORE_INDEX
+
+    bos, pad = tok.specials.bos, tok.specials.pad
+    windows, chars, tokens = [], 0, 0
+    for text in texts:
+        ids = tok.encode_one(text)
+        chars, tokens = chars + len(text), tokens + len(ids)
+        windows += [[bos, *ids[i:i + window - 1]] for i in range(0, len(ids), window - 1)]
+    model.eval()
+    total, scored = 0.0, 0
+    for i in range(0, len(windows), batch):
+        rows = windows[i:i + batch]
+        width = max(len(r) for r in rows)
+        x = torch.full((len(rows), width), pad, dtype=torch.long)
+        y = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+        for j, r in enumerate(rows):
+            x[j, :len(r)] = torch.tensor(r)
+            y[j, :len(r) - 1] = torch.tensor(r[1:])
+        n = int(y.ne(IGNORE_INDEX).sum())
+        total += float(model.lm_losses(x, y)["primary"]) * n
+        scored += n
+    return {"nats_per_char": total / chars, "tokens": tokens, "chars": chars, "tokens_per_char": tokens / chars,
+            "loss_per_token": total / scored}
+
+
+def part_embeddings(args: argparse.Namespace) -> None:
+    """Per target language: SmolLM2 with its own tokenizer; then per (system, adapt.init): step 2 (``run_adapt``) and
+    SmolLM2's loss per character with each adaptation checkpoint's embeddings plugged in."""
+    from minimodel.data.prepare import load_prepared_tokenizer, load_source_tokenizer
+    from minimodel.models.surgery import plug_embeddings
+    from minimodel.stages.adapt import run_adapt
+    from minimodel.stages.bridge import load_primary
+    from minimodel.store.checkpoints import load_adaptation
+    from minimodel.store.layout import adaptation_checkpoints
+
+    name = f"recipe-N{args.depth}-{args.bridge_recipe.replace(':', '-')}"  # the mini-model of part (a)
+    base = config(args.runs_dir, name, f"bridge.depth={args.depth}", f"bridge.layers={args.bridge_layers}",
+                  *(f"bridge.{k}={v}" for k, v in zip(("init", "objective"), args.bridge_recipe.split(":"))))
+    smollm2, trained_with = load_primary(base.bridge.source, base.model.family)
+    own = load_source_tokenizer(base, smollm2, base.bridge.source, trained_with)
+    window = base.data.seq_len
+    for lang in args.langs:
+        texts = held_out_texts(base, lang)
+        figures = json.loads(args.json.read_text()).get("embeddings", {}) if args.json.exists() else {}
+        entry = figures.setdefault(lang, {})
+        entry["smollm2_own_tokenizer"] = loss_per_char(smollm2, own, texts, window)
+        entry["held_out"] = {"blocks": len(texts), "chars": sum(len(t) for t in texts)}
+        update_json(args.json, "embeddings", figures)
+        print(f"{lang}: SmolLM2 with its own tokenizer {entry['smollm2_own_tokenizer']['nats_per_char']:.4f} "
+              f"nats/char", flush=True)
+        target = load_prepared_tokenizer(base, lang)
+        for system in args.systems:
+            for init in args.inits:
+                cfg = config(args.runs_dir, name, f"system={system}", f"lang={lang}", f"adapt.init={init}",
+                             f"adapt.tag={init}", f"adapt.optim.updates={args.adapt_updates}",
+                             f"bridge.depth={args.depth}", f"bridge.layers={args.bridge_layers}",
+                             *(f"bridge.{k}={v}" for k, v in zip(("init", "objective"), args.bridge_recipe.split(":"))),
+                             *args.override)
+                start = time.perf_counter()
+                result = run_adapt(cfg, progress_bar=False)
+                seconds = time.perf_counter() - start
+                row: dict[str, Any] = {"system": system, "init": init, "updates": args.adapt_updates,
+                                       "tokens_per_update": cfg.adapt.optim.global_batch * cfg.data.seq_len,
+                                       "seconds_this_call": seconds, "outcome": result.outcome.value,
+                                       "init_info": json.loads((result.run_dir / "adapt_info.json").read_text())["init"],
+                                       "checkpoints": {}}
+                for path in adaptation_checkpoints(result.run_dir):
+                    adapted = load_adaptation(path)
+                    model, _ = load_primary(base.bridge.source, base.model.family)
+                    plug_embeddings(model, adapted, target.sha256, target.vocab_size)
+                    row["checkpoints"][adapted.step] = {**loss_per_char(model, target, texts, window),
+                                                        "flops": adapted.flops}
+                    print(f"{lang} {system} {init} step {adapted.step}: "
+                          f"{row['checkpoints'][adapted.step]['nats_per_char']:.4f} nats/char", flush=True)
+                figures = json.loads(args.json.read_text()).get("embeddings", {})
+                figures.setdefault(lang, {})[f"{system}/{init}"] = row
+                update_json(args.json, "embeddings", figures)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("part", choices=("layers", "step0", "bridge", "embeddings"))
@@ -152,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--updates", type=int, default=1000)
     p.add_argument("--langs", type=lambda s: s.split(","), default=["fr", "ru"])
     p.add_argument("--override", action="append", default=[], help="a config override for every run (repeatable)")
+    p.add_argument("--systems", type=lambda s: s.split(","), default=["minipost", "bl_base"])
+    p.add_argument("--inits", type=lambda s: s.split(","), default=["mean", "overlap"])
+    p.add_argument("--adapt-updates", type=int, default=500)
+    p.add_argument("--bridge-recipe", default="affine:distill", help="the mini-model MiniPost's step 2 runs over "
+                                                                      "(the bridge run of part (a), init:objective)")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     if args.part == "layers":
@@ -161,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.part == "bridge":
         part_bridge(args)
     else:
-        raise SystemExit("the embeddings part is not written yet")
+        part_embeddings(args)
     print(f"figures in {args.json}")
     return 0
 
