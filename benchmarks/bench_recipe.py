@@ -71,6 +71,12 @@ def val_losses(run_dir: Path) -> dict[int, float]:
         return {int(r["step"]): float(r["val/loss"]) for r in csv.DictReader(f) if r.get("val/loss")}
 
 
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """The logged training loss (the mini-model's own LM loss, whatever the objective) by update."""
+    with open(run_dir / "metrics.csv") as f:
+        return {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")}
+
+
 # ------------------------------------------------------------------------------------------------ (a) the bridge
 
 
@@ -128,7 +134,8 @@ def part_bridge(args: argparse.Namespace) -> None:
                "step0_loss": info["step0_loss"], "source_loss": info["source_loss"], "val_loss": losses,
                "final_gap": losses[max(losses)] - info["source_loss"] if losses else None,
                "affine_r2": info.get("affine", {}).get("r2"), "seconds_this_call": seconds,
-               "outcome": result.outcome.value, "flops": result.done.get("flops")}
+               "outcome": result.outcome.value, "stopped_at": result.step if result.outcome.value == "stopped" else None,
+               "flops": result.done.get("flops"), "train_loss": train_losses(result.run_dir)}
         key = f"N{args.depth}/{init}:{objective}"
         figures = json.loads(args.json.read_text()).get("bridge", {}) if args.json.exists() else {}
         figures[key] = row
@@ -255,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bridge-recipe", default="affine:distill", help="the mini-model MiniPost's step 2 runs over "
                                                                       "(the bridge run of part (a), init:objective)")
     args = p.parse_args(argv)
+    from minimodel import log as logs
+
+    logs.setup()  # the stages' progress lines (every trainer.log_every updates) on stderr
     torch.manual_seed(0)
     if args.part == "layers":
         update_json(args.json, "layers", part_layers(args))
