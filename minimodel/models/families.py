@@ -39,10 +39,10 @@ class ModelFamily:
     objective: Objective
     position_offset: int  # positions a sequence cannot use: 2 for RoBERTa (max_positions = seq_len + 2), 0
     pooling: str  # where ClassificationHead reads a sequence: "first" (<s>) | "last" (the last real token)
+    output_bias: bool  # the LM heads add a bias (trained in step 2 with the embeddings)
     # the readouts finetune.pool may name: "first" only where every position sees the whole input (not a causal LM,
     # whose first position sees only <s>), "last", "mean" (the real tokens); "" is ``pooling``
     pools: tuple[str, ...] = ("first", "last", "mean")
-    output_bias: bool  # the LM heads add a bias (trained in step 2 with the embeddings)
     # the architecture options it accepts: model.{norm, positions, activation} values, and whether model.bias and
     # model.tie_embeddings may be false
     norms: tuple[str, ...] = ("layernorm",)

@@ -96,17 +96,19 @@ def stage_changes(saved: dict, current: dict, stage: str) -> list[tuple[str, Any
     ``saved`` (a stage run's ``config.yaml`` as a plain dict) and ``current`` (a config as a plain dict).
 
     A key the saved file lacks (written by an older version) counts as its default; a key the schema no longer
-    has is ignored; paths that resolve to the same place are the same."""
+    has is ignored; paths that resolve to the same place are the same, and so are a readout's default and its value
+    spelled out (``_readout_spelled``; the values listed are those written)."""
     identity = stage_identity(stage)
     defaults = _flatten(OmegaConf.to_container(OmegaConf.structured(ExperimentConfig)))
-    old, new = _readout_spelled(_flatten(saved), defaults, stage), _readout_spelled(_flatten(current), defaults, stage)
+    old, new = _flatten(saved), _flatten(current)
+    old_as, new_as = _readout_spelled(old, defaults, stage), _readout_spelled(new, defaults, stage)
     changes = []
     for key in sorted(new):
         if not any(key == k or key.startswith(k + ".") for k in identity):
             continue
-        before = old.get(key, defaults.get(key, _NOT_SET))
-        if not _same(key, before, new[key]):
-            changes.append((key, before, new[key]))
+        before = old_as.get(key, defaults.get(key, _NOT_SET))
+        if not _same(key, before, new_as[key]):
+            changes.append((key, old.get(key, defaults.get(key, _NOT_SET)), new[key]))
     return changes
 
 
