@@ -335,11 +335,8 @@ class FinetuneConfig:
     grad_clip: float = 1.0
     eval_batch: int = 64
     mini_tasks: list[str] = field(default_factory=list)  # MiniJoint: also finetune the mini-model alone (Table 5)
-    # the readout of a classification head (steps 3 and 4; docs/extensions.md): which tokens it pools, "" = the
-    # family's (the encoder's <s>, a decoder's last real token) | first | last | mean (over the real tokens), and
-    # after which layer it reads them: 0 = the last, else 1..model.layers (layers above it are not computed)
-    pool: str = ""
-    layer: int = 0
+    pool: str = ""  # the task head's readout: "" (the family's: <s> | last real token) | first | last | mean
+    layer: int = 0  # ... after this layer: 0 = the last, else 1..model.layers (docs/extensions.md)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
