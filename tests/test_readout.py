@@ -162,6 +162,20 @@ def test_good_readouts_load():
         assert cfg.finetune.layer in (1, 2, 4, 0)
 
 
+def test_the_readout_resolves_against_the_model_finetuned():
+    """``families.readout``: the family's token and the last layer by default; a body shallower than finetune.layer
+    (a public model with fewer layers than model.layers says) is refused naming the key."""
+    from minimodel.models.families import readout
+
+    assert readout(load_experiment(TINY_YAML, TINY), 4) == ("first", 4)
+    assert readout(load_experiment(TINY_YAML, [*TINY, *DECODER]), 30) == ("last", 30)
+    cfg = load_experiment(TINY_YAML, [*TINY, *DECODER, "finetune.pool=mean", "finetune.layer=3"])
+    assert readout(cfg, 4) == ("mean", 3)
+    with pytest.raises(ConfigError, match=r"finetune.layer=3 is above the 2 layers of the model finetuned here: set "
+                                          r"finetune.layer to 1..2"):
+        readout(cfg, 2)
+
+
 def _flat(*overrides: str) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(load_experiment(TINY_YAML, [*TINY, *overrides])))
 

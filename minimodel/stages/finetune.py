@@ -260,7 +260,11 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
         optim = finetune_optim(cfg, task, len(train))
         steps_per_epoch = max(1, optim.updates // max(1, math.ceil(cfg.finetune.epochs)))
         t = replace(cfg.finetune.trainer, val_every=min(cfg.finetune.trainer.val_every, steps_per_epoch))
-        pool, layer = readout(cfg, body.cfg.layers)
+        try:  # finetune.layer is checked against model.layers at load; a public model may have fewer layers
+            pool, layer = readout(cfg, body.cfg.layers)
+        except ConfigError as e:
+            raise ConfigError(f"{e}; {source} has {body.cfg.layers} layers where model.layers says {cfg.model.layers} "
+                              f"(delete {run_dir}, which this attempt started, before rerunning)") from e
         n_train = freeze_all_but(body, partial(finetune_trainable, below=layer))
         head = task_head(data, body.cfg.hidden, body.cfg.dropout, pool, layer)
         meta = {"system": cfg.system, "task": task, "seed": seed, "body": cfg.body, "source": source,
