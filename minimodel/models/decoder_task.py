@@ -52,7 +52,7 @@ class PooledHead(nn.Module):
         if self.pooling == "mean":
             real = (attention_mask.to(h.device, torch.bool) if attention_mask is not None
                     else torch.ones(h.shape[:2], dtype=torch.bool, device=h.device))[:, :, None]  # (B, T, 1)
-            x = h.masked_fill(~real, 0).sum(1) / real.sum(1).clamp(min=1).to(h.dtype)  # (B, C)
+            x = h.float().masked_fill(~real, 0).sum(1) / real.sum(1).clamp(min=1)  # (B, C), in fp32
         else:
             last = (attention_mask.sum(1) - 1 if attention_mask is not None
                     else torch.full((h.shape[0],), h.shape[1] - 1, device=h.device))

@@ -95,7 +95,8 @@ def pool(h: Tensor, how: str, attention_mask: Tensor | None = None) -> Tensor:
         if attention_mask is None:
             return h.mean(1)  # (B, C)
         real = attention_mask.to(h.device, torch.bool)[:, :, None]  # (B, T, 1)
-        return h.masked_fill(~real, 0).sum(1) / real.sum(1).clamp(min=1).to(h.dtype)  # (B, C)
+        total = h.float().masked_fill(~real, 0).sum(1)  # (B, C), in fp32 (a bf16 sum of hundreds of tokens rounds)
+        return (total / real.sum(1).clamp(min=1)).to(h.dtype)  # (B, C)
     last = (attention_mask.sum(1) - 1 if attention_mask is not None
             else torch.full((h.shape[0],), h.shape[1] - 1, device=h.device))
     return h[torch.arange(h.shape[0], device=h.device), last.to(h.device)]  # (B, C)
