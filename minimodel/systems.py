@@ -110,6 +110,16 @@ def validate(cfg: ExperimentConfig, source: str) -> None:
              f"{', '.join(n for n, x in REGISTRY.items() if x.mini_finetune)}")
     if cfg.body == "mini" and head == PRIMARY:
         fail("body=mini finetunes the mini-model of a secondary head; adapt.head=primary names the whole model")
+    _validate_readout(cfg, s, fail)
+
+
+def _validate_readout(cfg: ExperimentConfig, s: System, fail: Callable[[str], None]) -> None:
+    """``finetune.layer`` must be a layer of the mini-model too where one is finetuned on its own."""
+    mini = cfg.body == "mini" or (s.mini_finetune and cfg.finetune.mini_tasks)
+    if mini and cfg.finetune.layer > _adapt_depth(cfg):
+        fail(f"finetune.layer={cfg.finetune.layer} is above the mini-model's {_adapt_depth(cfg)} layers, which "
+             f"{'body=mini' if cfg.body == 'mini' else 'finetune.mini_tasks'} finetunes: set finetune.layer to "
+             f"1..{_adapt_depth(cfg)} (or 0, the last){'' if cfg.body == 'mini' else ', or finetune.mini_tasks=[]'}")
 
 
 def _validate_schedule(cfg: ExperimentConfig, s: System, fail: Callable[[str], None]) -> None:

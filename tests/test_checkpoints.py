@@ -36,13 +36,13 @@ def test_adaptation_round_trip_writes_kind_and_format(tmp_path: Path) -> None:
     a = adaptation()
     atomic_torch_save(a.to_dict(), tmp_path / "a.pt")
     raw = load_checkpoint(tmp_path / "a.pt")
-    assert raw["kind"] == "adaptation" and raw["format"] == FORMAT == 2
+    assert raw["kind"] == "adaptation" and raw["format"] == FORMAT == 3
     b = load_adaptation(tmp_path / "a.pt")
     assert torch.equal(a.embeddings, b.embeddings) and (b.system, b.lang, b.step, b.flops) == ("bl_base", "de", 3, 1.5)
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"format": FORMAT + 1}, r"was written by a newer minimodel \(format 3; this one reads up to 2\): upgrade"),
+    ({"format": FORMAT + 1}, r"was written by a newer minimodel \(format 4; this one reads up to 3\): upgrade"),
     ({"format": "two"}, r"unknown checkpoint format 'two'"),
     ({"format": 0}, r"unknown checkpoint format 0"),
     ({"kind": "finetuned"}, r"holds a 'finetuned' payload: it is not an adaptation checkpoint"),

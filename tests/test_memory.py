@@ -58,6 +58,8 @@ CASES = [  # experiment, extra overrides, stage
     ("bl_base", [], "adapt"),  # over the whole model
     ("bl_base", ["finetune.tasks=[mlqa]"], "finetune"),  # a span head
     ("tiny", STAGED, "adapt"),
+    ("tiny", ["finetune.layer=2"], "finetune"),  # a readout after layer 2 of 4: layers 3-4 neither run nor train
+    ("tiny", [*LLAMA, *NEXT_TOKEN, "finetune.layer=1", "finetune.pool=mean"], "finetune"),  # the mean, at layer 1
     *((experiment, [*style, *NEXT_TOKEN, *extra], stage) for style in (GPT2, LLAMA, SHIPPED)
       for experiment, extra, stage in (
         ("tiny", [], "pretrain"),  # MiniJoint: 2 LM heads (the untied ones share one output projection)

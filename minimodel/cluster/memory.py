@@ -238,11 +238,13 @@ def stage_models(cfg: ExperimentConfig) -> list[StageModel]:
         task = max(f.tasks, key=lambda t: cfg.tasks[t].max_len)
         qa = is_qa(cfg, task)
         head = task_head_params(m.hidden, qa)
+        k = min(f.layer or m.layers, m.layers)  # finetune.layer: the layers above the readout are neither run nor trained
+        note = f"{m.layers} layers" if k == m.layers else f"{m.layers} layers, read after {k} (finetune.layer)"
         out.append(StageModel(
-            "finetune", f"{m.layers} layers, {task} (max_len {cfg.tasks[task].max_len})",
+            "finetune", f"{note}, {task} (max_len {cfg.tasks[task].max_len})",
             embedding_params(m, m.vocab_size) + m.layers * layer_params(m) + head_params(m, m.vocab_size)
             + output_params(m, m.vocab_size) + head,
-            m.layers * layer_params(m) + head, m.layers * layer_linear(m) + (0 if qa else m.hidden**2), m.layers, 0,
+            k * layer_params(m) + head, k * layer_linear(m) + (0 if qa else m.hidden**2), k, 0,
             "none", 0, "train", m.vocab_size, cfg.tasks[task].max_len, f.micro_batch, f.batch_size,
             f.trainer.precision, span_head=qa, final_norm=families.of(m).encode_norm))
     return out

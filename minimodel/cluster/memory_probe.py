@@ -18,6 +18,7 @@ import contextlib
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -29,9 +30,8 @@ from torch.utils._pytree import tree_leaves
 from minimodel.cluster.memory import is_qa
 from minimodel.config.schema import PRIMARY, ExperimentConfig
 from minimodel.data.tokenizer import BOS, MASK
-from minimodel.models.families import build, causal
-from minimodel.models.families import of as family_of
-from minimodel.models.model import IGNORE_INDEX, ClassificationHead, SpanHead
+from minimodel.models.families import build, causal, readout
+from minimodel.models.model import IGNORE_INDEX, ClassificationHead, SpanHead, task_logits
 from minimodel.models.surgery import (
     adaptation_trainable,
     build_minipost,
@@ -146,14 +146,15 @@ def build_stage(cfg: ExperimentConfig, stage: str) -> StageUnderTest:
 
         task = max(cfg.finetune.tasks, key=lambda t: cfg.tasks[t].max_len)
         body = primary_only(build(m))
-        freeze_all_but(body, finetune_trainable)
+        pool, layer = readout(cfg, m.layers)
+        freeze_all_but(body, partial(finetune_trainable, below=layer))
         qa, labels = is_qa(cfg, task), 3
-        head: nn.Module = (SpanHead(m.hidden) if qa
-                           else ClassificationHead(m.hidden, labels, m.dropout, family_of(m).pooling))
+        head: nn.Module = (SpanHead(m.hidden, layer) if qa
+                           else ClassificationHead(m.hidden, labels, m.dropout, pool, layer))
         model = nn.ModuleDict({"body": body, "head": head})
 
         def loss(batch: dict[str, Tensor]) -> Tensor:
-            out = head(body.encode(batch["input_ids"]))
+            out = task_logits(body, head, batch["input_ids"])
             if qa:
                 start, end = out
                 return (F.cross_entropy(start.float(), batch["start"]) + F.cross_entropy(end.float(), batch["end"])) / 2

@@ -212,6 +212,8 @@ class FinetuneConfig:
     grad_clip: float = 1.0
     eval_batch: int = 64
     mini_tasks: list[str] = field(default_factory=list)  # MiniJoint: also finetune the mini-model alone (Table 5)
+    pool: str = ""  # the task head's readout: "" (the family's: <s> | last real token) | first | last | mean
+    layer: int = 0  # ... after this layer: 0 = the last, else 1..model.layers (docs/extensions.md)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 

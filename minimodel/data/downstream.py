@@ -15,16 +15,18 @@ from torch import nn
 from minimodel.data.task_features import decode_spans, pad_collate
 from minimodel.data.tasks import TaskData
 from minimodel.metrics import MLQA_ARTICLES, classification_scores, mlqa_scores, squad_scores
-from minimodel.models.model import RobertaMLM
+from minimodel.models.model import RobertaMLM, task_logits
 from minimodel.training.device import autocast_dtype
 
 
-def task_head(task: TaskData, hidden: int, dropout: float, pooling: str = "first") -> nn.Module:
-    """The task's head: spans for QA, else a classification head reading the token ``pooling`` names (the model
-    family's: ``families.ModelFamily.pooling``)."""
+def task_head(task: TaskData, hidden: int, dropout: float, pooling: str = "first", layer: int = 0) -> nn.Module:
+    """The task's head: spans for QA (every token scores: ``pooling`` does not apply), else a classification head
+    pooling as ``pooling`` says (``finetune.pool``, or the family's: ``families.readout``); either reads the body's
+    layer ``layer`` (0: the last)."""
     from minimodel.models.model import ClassificationHead, SpanHead
 
-    return SpanHead(hidden) if task.is_qa else ClassificationHead(hidden, len(task.labels), dropout, pooling)
+    return (SpanHead(hidden, layer) if task.is_qa
+            else ClassificationHead(hidden, len(task.labels), dropout, pooling, layer))
 
 
 @torch.no_grad()
@@ -41,7 +43,7 @@ def predict(body: RobertaMLM, head: nn.Module, features: list[dict[str, Any]], b
         batch = pad_collate(chunk, body.cfg.pad_id)
         ids = batch["input_ids"].to(device)
         with torch.autocast(device.type, dtype=half) if half is not None else contextlib.nullcontext():
-            logits = head(body.encode(ids, padded=batch["padded"]), batch["attention_mask"].to(device))
+            logits = task_logits(body, head, ids, batch["attention_mask"].to(device), batch["padded"])
         if isinstance(logits, tuple):
             start, end = (t.float().cpu() for t in logits)
             out.extend((start[j, :len(f["input_ids"])], end[j, :len(f["input_ids"])]) for j, f in enumerate(chunk))

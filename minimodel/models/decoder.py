@@ -245,13 +245,15 @@ class DecoderLM(nn.Module):
                 out[i] = x
         return out
 
-    def encode(self, input_ids: Tensor, padded: bool | None = None) -> Tensor:
-        """Last-layer hidden states (B, T, C) after the primary head's final norm (Hugging Face's
-        ``last_hidden_state``): what a task head reads."""
-        return self.final_state(self.hidden_states(input_ids, padded=padded)[self.cfg.layers])
+    def encode(self, input_ids: Tensor, padded: bool | None = None, layer: int = 0) -> Tensor:
+        """Hidden states (B, T, C) after layer ``layer`` (0: the last; layers above it are not computed), through the
+        primary head's final norm: at the last layer Hugging Face's ``last_hidden_state``, at a middle one the same
+        norm over that layer's residual stream (pre-norm blocks leave it unnormalised). What a task head reads."""
+        depth = layer or self.cfg.layers
+        return self.final_state(self.hidden_states(input_ids, [depth], padded=padded)[depth])
 
     def final_state(self, h: Tensor) -> Tensor:
-        """The last layer's state ``h`` as ``encode`` gives it: after the primary head's final norm."""
+        """A layer's state ``h`` as ``encode`` gives it: after the primary head's final norm."""
         return self.heads[PRIMARY].norm(h)
 
     def logits(self, input_ids: Tensor, head: str = PRIMARY) -> Tensor:

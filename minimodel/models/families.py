@@ -40,6 +40,9 @@ class ModelFamily:
     position_offset: int  # positions a sequence cannot use: 2 for RoBERTa (max_positions = seq_len + 2), 0
     pooling: str  # where ClassificationHead reads a sequence: "first" (<s>) | "last" (the last real token)
     output_bias: bool  # the LM heads add a bias (trained in step 2 with the embeddings)
+    # the readouts finetune.pool may name: "first" only where every position sees the whole input (not a causal LM,
+    # whose first position sees only <s>), "last", "mean" (the real tokens); "" is ``pooling``
+    pools: tuple[str, ...] = ("first", "last", "mean")
     # the architecture options it accepts: model.{norm, positions, activation} values, and whether model.bias and
     # model.tie_embeddings may be false
     norms: tuple[str, ...] = ("layernorm",)
@@ -72,7 +75,7 @@ REGISTRY: dict[str, ModelFamily] = {f.name: f for f in (
     ModelFamily("encoder", "RoBERTa (masked LM)", "minimodel.models.model:RobertaMLM", Objective.MASKED,
                 position_offset=2, pooling="first", output_bias=True, hf="minimodel.models.hf", in_paper=True),
     ModelFamily("decoder", "decoder-only (causal LM)", "minimodel.models.decoder:DecoderLM", Objective.CAUSAL,
-                position_offset=0, pooling="last", output_bias=False, norms=("layernorm", "rmsnorm"),
+                position_offset=0, pooling="last", pools=("last", "mean"), output_bias=False, norms=("layernorm", "rmsnorm"),
                 positions=("learned", "rotary"), activations=("gelu", "gelu_tanh", "swiglu"), untied=True,
                 unbiased=True, llama=True, hf="minimodel.models.hf_decoder", cpu_fp32_attention=True, embedding_norm=False, head_dense=False, encode_norm=True),
 )}
@@ -155,6 +158,31 @@ def check_model(cfg: ExperimentConfig, fail: Any) -> None:
         fail(f"model.max_positions ({m.max_positions}) must be at least data.seq_len{extra} ({need})")
     if f.objective is Objective.CAUSAL and cfg.adapt.init == "focus" and not m.tie_embeddings:
         fail("adapt.init=focus mixes the input embeddings only: use it with model.tie_embeddings=true")
+    check_readout(cfg, fail)
+
+
+def check_readout(cfg: ExperimentConfig, fail: Any) -> None:
+    """``finetune.pool`` is a readout of the family, ``finetune.layer`` a layer of the model (0: the last)."""
+    f, pool, layer = of(cfg.model), cfg.finetune.pool, cfg.finetune.layer
+    if pool and pool not in f.pools:
+        why = (" (under the causal mask the first position sees only <s>: every input would read the same)"
+               if pool == "first" and f.objective is Objective.CAUSAL else "")
+        fail(f"finetune.pool={pool!r} is not a readout of model.family={f.name}: {', '.join(f.pools)}, or unset for "
+             f"the family's own ({f.pooling}){why}")
+    if not 0 <= layer <= cfg.model.layers:
+        fail(f"finetune.layer={layer} is not a layer of the model: 0 (the last) or 1..{cfg.model.layers} "
+             f"(model.layers)")
+
+
+def readout(cfg: ExperimentConfig, layers: int) -> tuple[str, int]:
+    """The (pool, layer) a classification head reads with ``cfg.finetune`` over a body of ``layers`` layers:
+    ``finetune.pool`` or the family's own, ``finetune.layer`` or the last (a ``ConfigError`` naming the key when
+    the body is shallower: a mini-model, or ``bridge.source``'s model)."""
+    layer = cfg.finetune.layer or layers
+    if layer > layers:
+        raise ConfigError(f"finetune.layer={layer} is above the {layers} layers of the model finetuned here: set "
+                          f"finetune.layer to 1..{layers} (or 0, the last)")
+    return cfg.finetune.pool or of(cfg.model).pooling, layer
 
 
 def max_tokens(model_cfg: ModelConfig) -> int:

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from minimodel.errors import CheckpointError
+from minimodel.errors import CheckpointError, ConfigError
 from minimodel.models.model import PRIMARY, ModelConfig, RobertaMLM
 
 SUPPORTED_MODEL_TYPES = ("roberta", "xlm-roberta")
@@ -292,7 +292,14 @@ def to_hf(model: RobertaMLM, path: str | Path, xlmr: bool = False) -> None:
 def task_to_hf(body: RobertaMLM, head: torch.nn.Module, labels: list[str], qa: bool, path: str | Path) -> None:
     """Save a finetuned body and task head as ``RobertaForSequenceClassification`` (``ClassificationHead`` ->
     ``classifier.dense`` / ``classifier.out_proj``, label names as ``id2label``) or ``RobertaForQuestionAnswering``
-    (``SpanHead.out`` -> ``qa_outputs``) directory; the MLM head is left out."""
+    (``SpanHead.out`` -> ``qa_outputs``) directory; the MLM head is left out. Those classes read the last layer, the
+    classifier its <s>: a head finetuned with another readout (``finetune.pool``, ``finetune.layer``) is refused."""
+    layer, pooling = getattr(head, "layer", 0) or body.cfg.layers, getattr(head, "pooling", "first")
+    if layer != body.cfg.layers or (not qa and pooling != "first"):
+        raise ConfigError(f"export task=...: RobertaFor{'QuestionAnswering' if qa else 'SequenceClassification'} "
+                          f"reads {'every token' if qa else '<s>'} of the last layer; this model was finetuned to read "
+                          f"{'every token' if qa else pooling} of layer {layer} of {body.cfg.layers} (finetune.pool, "
+                          f"finetune.layer): export its adapted language model (without task=)")
     tf = _transformers()
     encoder = {k: v for k, v in our_state_dict_to_hf(body).items() if k.startswith("roberta.")}
     heads = {k: v.detach().cpu() for k, v in head.state_dict().items()}

@@ -12,6 +12,7 @@ after layer N is called ``f"l{N}"``. Running a head only computes the layers bel
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -22,7 +23,8 @@ from minimodel.config.schema import PRIMARY, ModelConfig
 
 IGNORE_INDEX = -100
 
-__all__ = ["PRIMARY", "IGNORE_INDEX", "ModelConfig", "RobertaMLM", "ClassificationHead", "SpanHead", "head_losses"]
+__all__ = ["PRIMARY", "IGNORE_INDEX", "POOLS", "ModelConfig", "RobertaMLM", "ClassificationHead", "SpanHead", "pool",
+           "task_logits", "head_losses"]
 
 
 class Embeddings(nn.Module):
@@ -80,35 +82,52 @@ class MLMHead(nn.Module):
         return self.decoder(self.norm(F.gelu(self.dense(x)))) + self.bias  # (..., V)
 
 
-class ClassificationHead(nn.Module):
-    """RoBERTa's sentence(-pair) classification head over one token: ``pooling`` "first" reads <s> (RoBERTa), "last"
-    the last real token of each row (a causal LM: the only position that has seen the whole input), found from
-    ``attention_mask`` (right padding), or the last position without one."""
+POOLS = ("first", "last", "mean")
 
-    def __init__(self, hidden: int, num_labels: int, dropout: float, pooling: str = "first") -> None:
+
+def pool(h: Tensor, how: str, attention_mask: Tensor | None = None) -> Tensor:
+    """One vector per row of ``h`` (B, T, C) -> (B, C): ``first`` reads position 0 (<s>), ``last`` the last real
+    token (right padding: ``attention_mask`` (B, T) says which are real; none: every position), ``mean`` the mean
+    over the real tokens (padding counts for nothing: a padded row pools as it does unpadded)."""
+    if how == "first":
+        return h[:, 0]  # (B, C)
+    if how == "mean":
+        if attention_mask is None:
+            return h.mean(1)  # (B, C)
+        real = attention_mask.to(h.device, torch.bool)[:, :, None]  # (B, T, 1)
+        total = h.float().masked_fill(~real, 0).sum(1)  # (B, C), in fp32 (a bf16 sum of hundreds of tokens rounds)
+        return (total / real.sum(1).clamp(min=1)).to(h.dtype)  # (B, C)
+    last = (attention_mask.sum(1) - 1 if attention_mask is not None
+            else torch.full((h.shape[0],), h.shape[1] - 1, device=h.device))
+    return h[torch.arange(h.shape[0], device=h.device), last.to(h.device)]  # (B, C)
+
+
+class ClassificationHead(nn.Module):
+    """RoBERTa's sentence(-pair) classification head (dense -> tanh -> out) over one vector per row: ``pooling``
+    "first" reads <s> (RoBERTa), "last" the last real token of each row (a causal LM: the only position that has
+    seen the whole input), "mean" the mean over the real tokens (``pool``). ``layer``: the body's layer whose
+    hidden states it reads (0: the last; ``task_logits`` asks the body for them), not a parameter."""
+
+    def __init__(self, hidden: int, num_labels: int, dropout: float, pooling: str = "first", layer: int = 0) -> None:
         super().__init__()
-        if pooling not in ("first", "last"):
-            raise ValueError(f"pooling must be 'first' or 'last', got {pooling!r}")
-        self.pooling = pooling
+        if pooling not in POOLS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLS)}, got {pooling!r}")
+        self.pooling, self.layer = pooling, layer
         self.dense = nn.Linear(hidden, hidden)
         self.dropout = nn.Dropout(dropout)
         self.out = nn.Linear(hidden, num_labels)
 
     def forward(self, h: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        if self.pooling == "first":
-            x = h[:, 0]  # (B, C)
-        else:
-            last = (attention_mask.sum(1) - 1 if attention_mask is not None
-                    else torch.full((h.shape[0],), h.shape[1] - 1, device=h.device))
-            x = h[torch.arange(h.shape[0], device=h.device), last.to(h.device)]  # (B, C)
+        x = pool(h, self.pooling, attention_mask)  # (B, C)
         return self.out(self.dropout(torch.tanh(self.dense(self.dropout(x)))))  # (B, num_labels)
 
 
 class SpanHead(nn.Module):
-    """Extractive QA head: start and end logits per token."""
+    """Extractive QA head: start and end logits per token (of the body's layer ``layer``; 0: the last)."""
 
-    def __init__(self, hidden: int) -> None:
+    def __init__(self, hidden: int, layer: int = 0) -> None:
         super().__init__()
+        self.layer = layer
         self.out = nn.Linear(hidden, 2)
 
     def forward(self, h: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -127,6 +146,13 @@ def affine_map(cfg: ModelConfig) -> nn.Linear | None:
         affine.weight.copy_(torch.eye(cfg.hidden))
         affine.bias.zero_()
     return affine
+
+
+def task_logits(body: nn.Module, head: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
+                padded: bool | None = None) -> Any:
+    """A task head on the body's hidden states at the head's ``layer`` (``encode``: only the layers up to it are
+    computed): what steps 3 and 4 both run."""
+    return head(body.encode(input_ids, padded=padded, layer=getattr(head, "layer", 0)), attention_mask)
 
 
 class RobertaMLM(nn.Module):
@@ -195,9 +221,11 @@ class RobertaMLM(nn.Module):
                 out[i] = x
         return out
 
-    def encode(self, input_ids: Tensor, padded: bool | None = None) -> Tensor:
-        """Last-layer hidden states (B, T, C)."""
-        return self.hidden_states(input_ids, padded=padded)[self.cfg.layers]
+    def encode(self, input_ids: Tensor, padded: bool | None = None, layer: int = 0) -> Tensor:
+        """Hidden states (B, T, C) after layer ``layer`` (0: the last); layers above it are not computed. RoBERTa's
+        post-norm blocks end with their own LayerNorm: no norm is added."""
+        depth = layer or self.cfg.layers
+        return self.hidden_states(input_ids, [depth], padded=padded)[depth]
 
     def final_state(self, h: Tensor) -> Tensor:
         """The last layer's state as ``encode`` gives it (post-norm layers: already normalised)."""

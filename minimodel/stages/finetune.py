@@ -34,8 +34,8 @@ from minimodel.data.tasks import TaskData
 from minimodel.data.tokenizer import PAD, AnyTokenizer
 from minimodel.errors import ConfigError, TaskDataError
 from minimodel.log import get_logger
-from minimodel.models.families import of as family_of
-from minimodel.models.model import RobertaMLM
+from minimodel.models.families import readout
+from minimodel.models.model import RobertaMLM, task_logits
 from minimodel.models.surgery import extract_mini, freeze_all_but, primary_only
 from minimodel.store import atomic
 from minimodel.store.checkpoints import CheckpointError, Finetuned, TrainingMeta, load_trained_model
@@ -51,8 +51,11 @@ log = get_logger(__name__)
 TRAIN_KEYS = ("input_ids", "label", "start_positions", "end_positions")
 
 
-def finetune_trainable(name: str) -> bool:
-    """Everything but the embedding layer and the MLM heads (the task head lives outside the body)."""
+def finetune_trainable(name: str, below: int = 0) -> bool:
+    """Everything but the embedding layer and the MLM heads (the task head lives outside the body), and with
+    ``below`` > 0 (``finetune.layer``) but the layers above layer ``below``, which the readout never computes."""
+    if name.startswith("layers.") and below:
+        return int(name.split(".")[1]) < below  # layers.{i}: layer i + 1
     return not name.startswith(("embeddings.", "heads."))
 
 
@@ -117,7 +120,7 @@ class FinetuneModule(L.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes=max(2, num_labels), average="micro") if not qa else None
 
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        out = self.head(self.body.encode(batch["input_ids"], padded=batch.get("padded")), batch.get("attention_mask"))
+        out = task_logits(self.body, self.head, batch["input_ids"], batch.get("attention_mask"), batch.get("padded"))
         if self.qa:
             start, end = out
             return (F.cross_entropy(start.float(), batch["start_positions"])
@@ -257,13 +260,22 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
         optim = finetune_optim(cfg, task, len(train))
         steps_per_epoch = max(1, optim.updates // max(1, math.ceil(cfg.finetune.epochs)))
         t = replace(cfg.finetune.trainer, val_every=min(cfg.finetune.trainer.val_every, steps_per_epoch))
-        n_train = freeze_all_but(body, finetune_trainable)
-        head = task_head(data, body.cfg.hidden, body.cfg.dropout, family_of(body.cfg).pooling)
+        try:  # finetune.layer is checked against model.layers at load; a public model may have fewer layers
+            pool, layer = readout(cfg, body.cfg.layers)
+        except ConfigError as e:
+            raise ConfigError(f"{e}; {source} has {body.cfg.layers} layers where model.layers says {cfg.model.layers} "
+                              f"(delete {run_dir}, which this attempt started, before rerunning)") from e
+        n_train = freeze_all_but(body, partial(finetune_trainable, below=layer))
+        head = task_head(data, body.cfg.hidden, body.cfg.dropout, pool, layer)
         meta = {"system": cfg.system, "task": task, "seed": seed, "body": cfg.body, "source": source,
                 "model_config": asdict(body.cfg), "labels": list(data.labels), "qa": data.is_qa,
-                "tokenizer": {"path": str(tok.path), "sha256": tok.sha256}, "train_sha256": data.train_sha256()}
+                "tokenizer": {"path": str(tok.path), "sha256": tok.sha256}, "train_sha256": data.train_sha256(),
+                "readout": {"pool": pool, "layer": layer}}
+        reads = (f"every token of layer {layer}" if data.is_qa else f"pool {pool} of layer {layer}")
         log.info(f"finetune {cfg.system} ({cfg.body}) on {task}, seed {seed}: {len(train):,} training features, "
-                 f"{optim.updates} updates, {n_train + sum(p.numel() for p in head.parameters()):,} trainable parameters")
+                 f"{optim.updates} updates, {n_train + sum(p.numel() for p in head.parameters()):,} trainable parameters"
+                 f", the head reads {reads} of {body.cfg.layers}"
+                 + (f" (layers {layer + 1}-{body.cfg.layers} not computed)" if layer < body.cfg.layers else ""))
         module = FinetuneModule(body, head, data.is_qa, len(data.labels), optim, meta, adamw=t.adamw)
         dm = TaskDataModule(train, dev, optim.micro_batch, optim.global_batch, cfg.finetune.eval_batch, seed,
                             body.cfg.pad_id)
@@ -278,7 +290,7 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
                               english=english, step=trainer.global_step)
             atomic.save_torch(model.to_dict(), finetuned_model(run_dir))
             log.info(f"{task} seed {seed}: English dev {english['dev']}, test {english['test']}")
-            return {"english": english, "train_sha256": meta["train_sha256"],
+            return {"english": english, "train_sha256": meta["train_sha256"], "readout": meta["readout"],
                     "truncation": [t.to_dict() for t in truncation]}
 
         return Training(module, dm, optim, t, keep_steps=False, finish=finish)

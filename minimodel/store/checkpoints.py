@@ -25,10 +25,11 @@ import torch
 
 from minimodel.errors import CheckpointError
 from minimodel.models.families import build, of
-from minimodel.models.model import ClassificationHead, ModelConfig, RobertaMLM, SpanHead
+from minimodel.models.model import POOLS, ClassificationHead, ModelConfig, RobertaMLM, SpanHead
 from minimodel.store import atomic
 
-FORMAT = 2  # 1: before typed payloads (adaptation checkpoints wrote format 1, the others none)
+FORMAT = 3  # 1: before typed payloads (adaptation checkpoints wrote format 1, the others none); 2: before a
+# finetuned model recorded its readout (``Finetuned.readout``; read as the family's token of the last layer)
 
 __all__ = ["FORMAT", "CheckpointError", "TrainingMeta", "Adaptation", "Finetuned", "atomic_torch_save",
            "load_checkpoint", "load_trained_model", "load_adaptation", "load_finetuned", "link_or_copy", "rng_state", "set_rng_state"]
@@ -231,6 +232,9 @@ class Finetuned(Payload):
     english: dict = field(default_factory=dict)  # {"dev": {metric: value}, "test": {...}}
     step: int = 0
     stage: str = "finetune"
+    # what the task head reads (finetune.pool, finetune.layer, resolved): {"pool": first | last | mean, "layer": 1..L};
+    # empty in files written before (format 2 and older): the family's token of the last layer
+    readout: dict = field(default_factory=dict)
 
 
 
@@ -262,7 +266,11 @@ def load_finetuned(path: Path) -> tuple[RobertaMLM, torch.nn.Module, Finetuned]:
     body.load_state_dict(ft.body_state)
     body.tie_weights()
     cfg = body.cfg
-    head: torch.nn.Module = (SpanHead(cfg.hidden) if ft.qa else
-                             ClassificationHead(cfg.hidden, len(ft.labels), cfg.dropout, of(cfg).pooling))
+    pool, layer = ft.readout.get("pool") or of(cfg).pooling, int(ft.readout.get("layer") or cfg.layers)
+    if pool not in POOLS or not 1 <= layer <= cfg.layers:
+        raise CheckpointError(f"{path}: readout {ft.readout} is not one of this {cfg.layers}-layer model (pool "
+                              f"{', '.join(POOLS)}; layer 1..{cfg.layers})")
+    head: torch.nn.Module = (SpanHead(cfg.hidden, layer) if ft.qa else
+                             ClassificationHead(cfg.hidden, len(ft.labels), cfg.dropout, pool, layer))
     head.load_state_dict(ft.head_state)
     return body, head, ft

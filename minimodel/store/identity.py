@@ -22,7 +22,7 @@ _DATA_READ = ("data.prepared_dir", "data.vocab_size", "data.source_tokenizer")  
 _MLM_DATA = (*_DATA_READ, "data.seq_len", "data.mask_prob", "data.val_blocks")
 _OPTIM = ("lr", "betas", "eps", "weight_decay", "warmup_updates", "updates", "global_batch", "grad_clip")
 _TRAINER = ("precision", "seed")  # numerics, the random stream
-_FINETUNE = ("epochs", "warmup_ratio", "batch_size", "weight_decay", "betas", "eps", "grad_clip")
+_FINETUNE = ("epochs", "warmup_ratio", "batch_size", "weight_decay", "betas", "eps", "grad_clip", "pool", "layer")
 # not what a finetuning produces: langs (the evaluation languages) and id_field (the ids of saved predictions), step 4's
 _TASK = tuple(f.name for f in fields(TaskConfig) if f.name not in ("langs", "id_field"))
 _PATHS = ("data.prepared_dir", "data.source_tokenizer", "bridge.source", "tasks.*.source", "tasks.*.train_source")
@@ -76,22 +76,40 @@ def _same(key: str, old: Any, new: Any) -> bool:
 _NOT_SET = "(not set)"
 
 
+def _readout_spelled(flat: dict[str, Any], defaults: dict[str, Any], stage: str) -> dict[str, Any]:
+    """``flat`` with the default readout spelled as its default: ``finetune.pool`` naming the family's own token
+    (``families.ModelFamily.pooling``) is "", and (the primary model's runs) ``finetune.layer`` naming the last layer
+    is 0, so spelling out the default does not make a finished finetuning another run."""
+    from minimodel.models.families import REGISTRY
+
+    family = REGISTRY.get(str(flat.get("model.family", defaults["model.family"])))
+    out = dict(flat)
+    if family is not None and out.get("finetune.pool") == family.pooling:
+        out["finetune.pool"] = ""
+    mini = stage.startswith("finetune/") and stage.endswith("/mini")
+    if not mini and out.get("finetune.layer") == flat.get("model.layers", defaults["model.layers"]):
+        out["finetune.layer"] = 0
+    return out
+
+
 def stage_changes(saved: dict, current: dict, stage: str) -> list[tuple[str, Any, Any]]:
     """``(key, saved value, current value)`` for each key of ``stage_identity(stage)`` that differs between
     ``saved`` (a stage run's ``config.yaml`` as a plain dict) and ``current`` (a config as a plain dict).
 
     A key the saved file lacks (written by an older version) counts as its default; a key the schema no longer
-    has is ignored; paths that resolve to the same place are the same."""
+    has is ignored; paths that resolve to the same place are the same, and so are a readout's default and its value
+    spelled out (``_readout_spelled``; the values listed are those written)."""
     identity = stage_identity(stage)
-    old, new = _flatten(saved), _flatten(current)
     defaults = _flatten(OmegaConf.to_container(OmegaConf.structured(ExperimentConfig)))
+    old, new = _flatten(saved), _flatten(current)
+    old_as, new_as = _readout_spelled(old, defaults, stage), _readout_spelled(new, defaults, stage)
     changes = []
     for key in sorted(new):
         if not any(key == k or key.startswith(k + ".") for k in identity):
             continue
-        before = old.get(key, defaults.get(key, _NOT_SET))
-        if not _same(key, before, new[key]):
-            changes.append((key, before, new[key]))
+        before = old_as.get(key, defaults.get(key, _NOT_SET))
+        if not _same(key, before, new_as[key]):
+            changes.append((key, old.get(key, defaults.get(key, _NOT_SET)), new[key]))
     return changes
 
 
