@@ -6,7 +6,8 @@ directory: the primary model with the target language's embeddings (``RobertaFor
 ``task``/``seed`` the finetuned model of step 3 with them (``RobertaForSequenceClassification`` with the task's
 label names, ``RobertaForQuestionAnswering``; a decoder's classifier: its causal LM and head, ``decoder_task``), the
 language's SentencePiece model as a fast tokenizer with the same ids (``hf.fast_tokenizer``; a classifier's with step
-3's template ``<s> A </s>``), and ``minimodel.json`` (where it came from). ``step`` picks an adaptation
+3's template ``<s> A </s>``; with ``adapt.vocabulary=extend`` the extended tokenizer, a byte-level BPE one as its own
+``tokenizer.json``: ``extended_fast_tokenizer``), and ``minimodel.json`` (where it came from). ``step`` picks an adaptation
 checkpoint (default: the last). ``--embeddings-only`` writes the small artifact instead: ``embeddings.pt`` (the
 adaptation checkpoint: embeddings, output bias, tokenizer identity, step, FLOPs), the SentencePiece model and
 ``minimodel.json``; ``--embeddings DIR`` plugs such an artifact (from any experiment whose primary model it was
