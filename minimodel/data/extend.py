@@ -10,12 +10,15 @@ the same kind (``data.tokenizer``: a ``Tokenizer`` or an ``HFTokenizer``) and ex
   BPE: they are appended below every source piece (SentencePiece's BPE merges the highest-scored pair first), so the
   source's merges come first and the new ones apply to what they leave.
 - **a Hugging Face byte-level BPE** (GPT-2, RoBERTa, SmolLM2, Qwen, Llama 3): each new piece is written in the
-  byte-level alphabet ("▁maison" -> "Ġmaison") and reached by merges appended after the source's: the source's own
-  segmentation of the piece's text, merged left to right (``Ġma`` + ``is``, then ``Ġmais`` + ``on``). A merge chain
-  may create a prefix that is not a target piece (``Ġmais`` where the target has no "▁mais"): it is a vocabulary
-  entry too (``intermediate``). A piece the pre-tokenizer would split (it spans a word and a punctuation mark, say)
-  can never come out of BPE and is left out (``unreachable``). Because the new merges rank after all of the source's,
-  text is first segmented exactly as the source does; the new merges then only join source pieces into new ones.
+  byte-level alphabet ("▁maison" -> "Ġmaison") and reached by merges appended after the source's, learned on target
+  text (``learn_merges``): BPE's training continued from the source's own segmentation of the text's words, each step
+  joining the most frequent adjacent pair whose result is a target piece or a prefix of one (``Ġma`` + ``is``, then
+  ``Ġmais`` + ``on``), so that the merges fire where the target's words have them (the source segments a piece's text
+  alone and inside a longer word differently, so merges made from the piece alone would often never fire). A prefix
+  that never grew into a target piece is dropped (``needed``); one that did is a vocabulary entry too
+  (``intermediate``); a target piece the text never built is left out (``unreachable``). Because the new merges rank
+  after all of the source's, text is first segmented exactly as the source does; the new merges then only join
+  neighbouring source pieces into new ones.
 
   Added tokens (``tokenizer.add_tokens``) were the other way: they are matched in the raw text before the model runs,
   with no regard to word boundaries ("ation" added would cut English "nation" into "n" + "ation"), and thousands of
