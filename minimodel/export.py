@@ -6,7 +6,8 @@ directory: the primary model with the target language's embeddings (``RobertaFor
 ``task``/``seed`` the finetuned model of step 3 with them (``RobertaForSequenceClassification`` with the task's
 label names, ``RobertaForQuestionAnswering``; a decoder's classifier: its causal LM and head, ``decoder_task``), the
 language's SentencePiece model as a fast tokenizer with the same ids (``hf.fast_tokenizer``; a classifier's with step
-3's template ``<s> A </s>``), and ``minimodel.json`` (where it came from). ``step`` picks an adaptation
+3's template ``<s> A </s>``; with ``adapt.vocabulary=extend`` the extended tokenizer, a byte-level BPE one as its own
+``tokenizer.json``: ``extended_fast_tokenizer``), and ``minimodel.json`` (where it came from). ``step`` picks an adaptation
 checkpoint (default: the last). ``--embeddings-only`` writes the small artifact instead: ``embeddings.pt`` (the
 adaptation checkpoint: embeddings, output bias, tokenizer identity, step, FLOPs), the SentencePiece model and
 ``minimodel.json``; ``--embeddings DIR`` plugs such an artifact (from any experiment whose primary model it was
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from minimodel.config.schema import ExperimentConfig
-from minimodel.data.tokenizer import Tokenizer, TokenizerError
+from minimodel.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer
 from minimodel.errors import ConfigError
 from minimodel.log import get_logger
 from minimodel.models.surgery import PlugError, plug_embeddings
@@ -33,6 +34,7 @@ from minimodel.systems import stage_plan
 log = get_logger(__name__)
 
 EMBEDDINGS, TOKENIZER, PROVENANCE = "embeddings.pt", "sentencepiece.model", "minimodel.json"
+HF_TOKENIZER = "tokenizer"  # an embeddings export's Hugging Face tokenizer (an extended byte-level BPE)
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class Embeddings:
     """Target-language embeddings with the tokenizer they were trained with."""
 
     adapted: Adaptation
-    tokenizer: Tokenizer
+    tokenizer: AnyTokenizer
     source: str  # the checkpoint or artifact they were read from
     adapt_id: str = ""  # the identity of the finished adaptation run they come from (provenance.run_identity)
 
@@ -51,7 +53,7 @@ class Embeddings:
                 "v100_days": float(a.v100_days), "phase": a.phase, "primary": a.primary, "body": a.body,
                 "body_layers": a.body_layers, "vocab_size": int(a.embeddings.shape[0]),
                 "hidden": int(a.embeddings.shape[1]), "tokenizer_sha256": a.tokenizer["sha256"], "from": self.source,
-                "adapt_id": self.adapt_id}
+                "adapt_id": self.adapt_id, "kept_rows": int(a.kept)}
 
 
 def adapted_embeddings(cfg: ExperimentConfig, step: int | None = None) -> Embeddings:
@@ -72,20 +74,21 @@ def adapted_embeddings(cfg: ExperimentConfig, step: int | None = None) -> Embedd
     path = found[max(found) if step is None else step]
     adapted = load_adaptation(path)
     check_adaptation(adapted, cfg, cfg.lang, path)
-    tok = load_prepared_tokenizer(cfg, cfg.lang)
-    if not isinstance(tok, Tokenizer):
-        raise TokenizerError(f"{cfg.lang}: only SentencePiece tokenizers (those `minimodel prepare` trains) export")
+    tok = load_prepared_tokenizer(cfg, cfg.lang)  # SentencePiece, or (adapt.vocabulary=extend) an extended HF one
     return Embeddings(adapted, tok, str(path), adapt_id=run_identity(run) or "")
 
 
-def load_artifact(directory: str | Path) -> Embeddings:
-    """An ``--embeddings-only`` export: the adaptation checkpoint and its SentencePiece model."""
+def load_artifact(directory: str | Path, causal: bool = False) -> Embeddings:
+    """An ``--embeddings-only`` export: the adaptation checkpoint and its SentencePiece model (or, for a vocabulary
+    that extends a Hugging Face tokenizer, that tokenizer's directory ``tokenizer/``; ``causal``: a causal LM's)."""
     d = Path(directory)
-    for name in (EMBEDDINGS, TOKENIZER):
+    hf = (d / HF_TOKENIZER / "tokenizer.json").is_file()
+    for name in (EMBEDDINGS, *(() if hf else (TOKENIZER,))):
         if not (d / name).is_file():
             raise CheckpointError(f"{d} is not an embeddings export: it lacks {name} "
                                   f"(write one with `minimodel export ... --embeddings-only --out {d}`)")
-    return Embeddings(load_adaptation(d / EMBEDDINGS), Tokenizer(d / TOKENIZER), str(d))
+    tok: AnyTokenizer = HFTokenizer(str(d / HF_TOKENIZER), causal) if hf else Tokenizer(d / TOKENIZER)
+    return Embeddings(load_adaptation(d / EMBEDDINGS), tok, str(d))
 
 
 def _write_provenance(out: Path, emb: Embeddings, **extra: Any) -> None:
@@ -112,7 +115,9 @@ def export(cfg: ExperimentConfig, out: Path, step: int | None = None, embeddings
     """Write the export (see the module docstring) to ``out`` and return it. Every file is written into a
     temporary directory beside ``out``, which becomes ``out`` when the export is complete: a full disk, a read-only
     file system or Ctrl-C leaves no partial export (and ``--force`` the earlier one)."""
-    emb = load_artifact(embeddings_from) if embeddings_from else adapted_embeddings(cfg, step)
+    from minimodel.models.families import causal
+
+    emb = load_artifact(embeddings_from, causal(cfg.model)) if embeddings_from else adapted_embeddings(cfg, step)
     if embeddings_only and embeddings_from:
         raise ConfigError("--embeddings-only with --embeddings: the artifact is already an embeddings export")
     replace = _check_out(out, force)
@@ -135,11 +140,16 @@ def _write(cfg: ExperimentConfig, emb: Embeddings, out: Path, embeddings_only: b
     hf = hf_module(cfg.model)  # the family's conversion (hf.py, hf_decoder.py)
 
     tok = emb.tokenizer
+    hf_tok = isinstance(tok, HFTokenizer)
     if embeddings_only:
         atomic.save_torch(emb.adapted.to_dict(), out / EMBEDDINGS)
-        atomic.copy_file(tok.path, out / TOKENIZER)
+        if hf_tok:
+            tok.hf.save_pretrained(str(out / HF_TOKENIZER))  # type: ignore[union-attr]
+        else:
+            atomic.copy_file(tok.path, out / TOKENIZER)
         _write_provenance(out, emb, kind="embeddings")
         return "embeddings"
+    ids = {"bos": tok.specials.bos, "eos": tok.specials.eos, "pad": tok.specials.pad} if hf_tok else {}
     r = stage_plan(cfg, "finetune").runs
     if cfg.task:
         if not hasattr(hf, "task_to_hf"):
@@ -157,15 +167,38 @@ def _write(cfg: ExperimentConfig, emb: Embeddings, out: Path, embeddings_only: b
     else:
         model, _ = load_primary(r.primary, cfg.model.family)
         plug_embeddings(model, emb.adapted, tok.sha256, tok.vocab_size)
-        hf.to_hf(model.eval(), out)
+        hf.to_hf(model.eval(), out, **(ids if causal(cfg.model) else {}))  # a decoder's config names its ids
         what = {"kind": "text-generation" if causal(cfg.model) else "fill-mask", "primary_model": r.primary}
         body = model
     # a classifier (either family) reads step 3's template <s> A </s>; a causal LM's prompt is <s> A
-    fast = fast_tokenizer(tok.path, max_tokens(body.cfg), causal=causal(body.cfg) and not cfg.task)
+    prompt = causal(body.cfg) and not cfg.task
+    fast = (extended_fast_tokenizer(tok, max_tokens(body.cfg), prompt) if hf_tok  # type: ignore[arg-type]
+            else fast_tokenizer(tok.path, max_tokens(body.cfg), causal=prompt))
     fast.save_pretrained(str(out))
     _check_auto_tokenizer(out, fast)
     _write_provenance(out, emb, **what)
     return str(what["kind"])
+
+
+def extended_fast_tokenizer(tok: HFTokenizer, model_max_length: int, causal: bool = False) -> Any:
+    """The ``transformers`` fast tokenizer of an extended Hugging Face tokenizer (``data.extend``), with the templates
+    the model was trained and finetuned with: ``<bos> A <eos>`` and ``<bos> A <eos><eos> B <eos>`` (step 3's, in the
+    tokenizer's own special tokens), or (``causal``) ``<bos> A`` and ``<bos> A <eos> B`` as ``fast_tokenizer`` writes
+    for a SentencePiece model."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    rust = RustTokenizer.from_str(tok.hf.backend_tokenizer.to_str())
+    sp = tok.specials
+    bos, eos = tok.hf.convert_ids_to_tokens([sp.bos, sp.eos])
+    single, pair = (f"{bos} $A", f"{bos} $A {eos} $B") if causal else (f"{bos} $A {eos}", f"{bos} $A {eos} {eos} $B {eos}")
+    rust.post_processor = processors.TemplateProcessing(single=single, pair=pair,
+                                                        special_tokens=[(bos, sp.bos), (eos, sp.eos)])
+    names = dict(zip(("bos", "eos", "unk", "pad", "mask"), tok.hf.convert_ids_to_tokens(
+        [sp.bos, sp.eos, sp.unk, sp.pad, sp.mask])))
+    return PreTrainedTokenizerFast(tokenizer_object=rust, **{f"{k}_token": v for k, v in names.items()},
+                                   sep_token=names["eos"], cls_token=names["bos"], model_max_length=model_max_length)
 
 
 PROBE = ["Das ist ein kleiner Test.", "La capitale de la France est Paris.", "El 3 de mayo de 1999, ¿qué pasó?",

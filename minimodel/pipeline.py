@@ -18,7 +18,7 @@ from minimodel.config.schema import ExperimentConfig
 from minimodel.errors import ConfigError
 from minimodel.experiment import load_experiment
 from minimodel.log import get_logger
-from minimodel.store.layout import is_done, prepared
+from minimodel.store.layout import is_done
 from minimodel.systems import Runs, stage_plan
 
 log = get_logger(__name__)
@@ -169,17 +169,21 @@ def prepare_steps(config: str, vs: list[Variant]) -> tuple[list[Step], dict[tupl
     by_place: dict[Path, tuple[Step, Variant]] = {}  # the language's done.json -> its step and the variant it is from
     names: dict[tuple[str, str], str] = {}  # (variant label, lang) -> the step it waits for
     wanted = [(v, v.cfg.source_lang) for v in vs] + [(v, lang) for v in vs for lang in v.cfg.target_langs]
+    from minimodel.data.prepare import prepared_paths  # numpy and sentencepiece, no torch
+
     for v, lang in wanted:
         cfg = v.cfg
-        hf = stage_plan(cfg, "prepare").tokenizer if lang == cfg.source_lang else ""
-        place = prepared(cfg.data.prepared_dir, lang, hf).done.absolute()
+        paths = prepared_paths(cfg, lang)
+        place = paths.done.absolute()
         if place in by_place:
             step, first = by_place[place]
             check_same_data(config, lang, first, v)
         else:
             taken = any(s.lang == lang for s in steps)
             name = f"{v.label}:prepare-{lang}" if taken else f"prepare-{lang}"
-            step = Step(name, "prepare", ("prepare", config, *v.overrides, f"--langs={lang}"), lang=lang)
+            # adapt.vocabulary=extend: the language's tokenizer extends the source language's
+            after = (names[(v.label, cfg.source_lang)],) if paths.base else ()
+            step = Step(name, "prepare", ("prepare", config, *v.overrides, f"--langs={lang}"), after, lang=lang)
             by_place[place] = (step, v)
             steps.append(step)
         names[(v.label, lang)] = step.name

@@ -306,6 +306,9 @@ class StagePlan:
     phases: tuple[Phase, ...]  # step 2's phases: those of ``adapt.schedule``, else one over ``head``
     tokenizer: str  # the source language's Hugging Face tokenizer, "" for the SentencePiece model `prepare` trains
     bodies: tuple[str, ...]  # the bodies finetuned and evaluated: ("primary",), and "mini" for a mini_finetune system
+    # step 2's vocabulary as priced before it runs: data.vocab_size; with adapt.vocabulary=extend the source's pieces
+    # plus at most every target piece (a byte-level BPE source adds prefixes too: adapt_info.json has the real count)
+    target_vocab: int = 0
 
     @property
     def runs_here(self) -> bool:
@@ -333,4 +336,5 @@ def stage_plan(cfg: ExperimentConfig, stage: str) -> StagePlan:
     return StagePlan(stage=stage, system=s, steps=steps, external_primary=external, runs=r, reads=reads,
                      writes=writes, layers=layers, formula=FORMULAS.get(stage, ""), body=s.body, head=head, depth=depth,
                      phases=_adapt_phases(cfg), tokenizer=_source_tokenizer(cfg),
-                     bodies=("primary", "mini") if s.mini_finetune else ("primary",))
+                     bodies=("primary", "mini") if s.mini_finetune else ("primary",),
+                     target_vocab=cfg.data.vocab_size + (cfg.model.vocab_size if cfg.adapt.vocabulary == "extend" else 0))

@@ -223,7 +223,7 @@ def stage_models(cfg: ExperimentConfig) -> list[StageModel]:
             b.layers * layer_linear(m) + head_linear(m) + m.vocab_size * m.hidden + affine, b.layers, 0, "none",
             2 if distill else 1, "frozen", m.vocab_size, d.seq_len, b.optim.micro_batch, b.optim.global_batch,
             b.trainer.precision))
-    a, vocab, depth = cfg.adapt.optim, d.vocab_size, adapt.depth
+    a, vocab, depth = cfg.adapt.optim, adapt.target_vocab, adapt.depth  # (extend: every row has AdamW moments)
     heads = len(adapt.phases) if cfg.adapt.schedule else 1  # a staged body holds every phase's head
     body = {Body.OWN: "whole model", Body.HEAD: "bottom layers", Body.BRIDGE: "bridged mini-model"}[adapt.body]
     # trained: the new embeddings, the heads' one output bias (tie_biases) and an untied output projection

@@ -206,10 +206,16 @@ INITS = ("overlap", "random", "focus", "mean")
 """``adapt.init`` values (``stages.adapt.INITS`` implements each)."""
 
 
+VOCABULARIES = ("replace", "extend")
+"""``adapt.vocabulary`` values: a new target vocabulary (the paper), or the source's plus the target pieces it lacks."""
+
+
 def _validate_init(cfg: ExperimentConfig, fail: Any) -> None:
     a, check = cfg.adapt, _Sizes(fail)
     if a.init not in INITS:
         fail(f"adapt.init must be one of {', '.join(INITS)}, got {a.init!r}")
+    if a.vocabulary not in VOCABULARIES:
+        fail(f"adapt.vocabulary must be one of {', '.join(VOCABULARIES)}, got {a.vocabulary!r}")
     check.count("adapt.focus.top_k", a.focus.top_k, "0 (every overlapping piece) or a positive integer")
     for name in ("dim", "epochs", "min_count", "threads"):
         check.integer(f"adapt.focus.{name}", getattr(a.focus, name))

@@ -143,11 +143,10 @@ class FocusConfig:
 
 @dataclass
 class AdaptConfig:
-    # overlap: copy embeddings of pieces shared with the source vocabulary, the others N(0, init_std);
-    # focus: the same copies, the others a sparsemax mix of them (FOCUS, see FocusConfig); mean: the same copies, the
-    # others the mean of the source embeddings of their segmentation by the source tokenizer (fast vocabulary
-    # transfer, Gee et al. 2022; overlap where the source cannot segment a piece); random: N(0, init_std)
+    # overlap: copy the pieces shared with the source vocabulary, the others N(0, init_std); focus / mean: the same
+    # copies, the others a sparsemax mix of them (FocusConfig) / the mean of their source segmentation; random
     init: str = "overlap"
+    vocabulary: str = "replace"  # or extend: the source's pieces (frozen rows) + the target's it lacks (data.extend)
     # The MLM head whose layers step 2 trains over (MiniJoint): "" = the model's one secondary head (a model
     # with several must name one), l{N} = the head after layer N, primary = the whole model.
     head: str = ""

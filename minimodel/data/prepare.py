@@ -32,9 +32,20 @@ from minimodel.systems import stage_plan
 log = get_logger(__name__)
 
 
+EXTEND_LINES = 200_000
+"""``adapt.vocabulary=extend`` over a byte-level BPE: the merges that reach the new pieces are learned on the target
+corpus' first lines, this many at most (``data.extend``)."""
+
+
 def prepared_paths(cfg: ExperimentConfig, lang: str) -> Prepared:
-    """Tokenizer and shards of ``lang`` (the source language may use a Hugging Face tokenizer)."""
-    return prepared(cfg.data.prepared_dir, lang, stage_plan(cfg, "prepare").tokenizer if lang == cfg.source_lang else "")
+    """Tokenizer and shards of ``lang`` (the source language may use a Hugging Face tokenizer; a target language's
+    tokenizer is the source tokenizer extended with its pieces under ``adapt.vocabulary=extend``)."""
+    hf = stage_plan(cfg, "prepare").tokenizer
+    if lang == cfg.source_lang:
+        return prepared(cfg.data.prepared_dir, lang, hf)
+    if cfg.adapt.vocabulary == "extend":
+        return prepared(cfg.data.prepared_dir, lang, extends=hf)
+    return prepared(cfg.data.prepared_dir, lang)
 
 
 def prepare_settings(cfg: ExperimentConfig, lang: str) -> dict:
@@ -47,10 +58,16 @@ def prepare_settings(cfg: ExperimentConfig, lang: str) -> dict:
         corpus_id = {"corpus": corpus.name, "corpus_bytes": corpus.stat().st_size}
     except (UserError, OSError):
         corpus_id = {"corpus": "", "corpus_bytes": -1}
-    tokenizer = ({"tokenizer": paths.tokenizer} if paths.hf else
-                 {"vocab_size": d.vocab_size, "spm_model_type": d.spm_model_type,
-                  "spm_max_sentences": d.spm_max_sentences, "spm_character_coverage": d.spm_character_coverage})
-    sample = {} if paths.hf else {"spm_sample_bytes": d.spm_sample_bytes}
+    own = {"vocab_size": d.vocab_size, "spm_model_type": d.spm_model_type, "spm_max_sentences": d.spm_max_sentences,
+           "spm_character_coverage": d.spm_character_coverage, "spm_sample_bytes": d.spm_sample_bytes}
+    if paths.base:  # the source tokenizer extended with the language's own pieces
+        tokenizer = {**own, "extends": stage_plan(cfg, "prepare").tokenizer or "spm",
+                     **({"extend_lines": EXTEND_LINES} if paths.hf else {})}
+        sample: dict = {}
+    else:
+        tokenizer = ({"tokenizer": paths.tokenizer} if paths.hf else
+                     {k: v for k, v in own.items() if k != "spm_sample_bytes"})
+        sample = {} if paths.hf else {"spm_sample_bytes": d.spm_sample_bytes}
     return {"lang": lang, **corpus_id, **tokenizer, **sample, "shard_bytes": d.shard_bytes}
 
 
@@ -67,6 +84,8 @@ def is_prepared(cfg: ExperimentConfig, lang: str) -> bool:
         return False
     if not isinstance(recorded, dict) or recorded.get("settings") != prepare_settings(cfg, lang):
         return False
+    if paths.base and not _extension_current(cfg, paths):
+        return False
     if not paths.hf and recorded.get("tokenizer_sha256"):
         try:
             if Tokenizer(paths.tokenizer).sha256 != recorded["tokenizer_sha256"]:
@@ -81,6 +100,26 @@ def is_prepared(cfg: ExperimentConfig, lang: str) -> bool:
         return False
     return bool(manifest and manifest.get("complete")
                 and all(shard_ok(Path(paths.shards), e) for e in manifest["shards"]))
+
+
+def _extension_current(cfg: ExperimentConfig, paths: Prepared) -> bool:
+    """Whether the extended tokenizer of ``paths`` was made from the language's SentencePiece model as it is now and,
+    for a SentencePiece source, from the source language's as it is now (a Hugging Face source is named by the
+    extension's directory; step 2 checks its sha256 against the model's)."""
+    from minimodel.data.extend import read_extension
+
+    record = read_extension(paths.tokenizer)
+    if record is None or not Path(paths.base).is_file():
+        return False
+    try:
+        if Tokenizer(paths.base).sha256 != record.get("target_sha256"):
+            return False
+        if not paths.hf:
+            source = prepared_paths(cfg, cfg.source_lang).tokenizer
+            return Tokenizer(source).sha256 == record.get("source_sha256")
+    except Exception:  # missing or unreadable: not current either
+        return False
+    return True
 
 
 def load_prepared_tokenizer(cfg: ExperimentConfig, lang: str) -> AnyTokenizer:
@@ -115,26 +154,23 @@ def _prepare(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path, pr
     d = cfg.data
     workers = workers_for(d.encode_threads)
     tok: Tokenizer | HFTokenizer | None
-    if paths.hf:
+    if paths.base:  # adapt.vocabulary=extend: the source tokenizer plus the pieces of the language's own model
+        own = _own_tokenizer(cfg, lang, Path(paths.base), corpus, workers, stop)
+        if own is None:
+            return _stopped(lang, stop, "the tokenizer's sample" if (Path(paths.base).parent / SAMPLE_FILE).exists()
+                            else "nothing yet")
+        tok = _extended_tokenizer(cfg, lang, paths, own, corpus)
+    elif paths.hf:
         tok = HFTokenizer(paths.tokenizer, causal(cfg.model))
         log.info(f"prepare {lang}: Hugging Face tokenizer {paths.tokenizer} ({tok.vocab_size} pieces, "
                  f"{tok.convention} pieces, <mask> = {tok.specials.mask})")
-    elif Path(paths.tokenizer).exists():
-        tok = Tokenizer(paths.tokenizer)
-        log.info(f"prepare {lang}: tokenizer {paths.tokenizer} exists ({tok.vocab_size} pieces)")
     else:
-        check_writable(Path(paths.tokenizer).parent)  # before the time spent training
-        log.info(f"prepare {lang}: training SentencePiece ({d.vocab_size} pieces) on {corpus}")
-        tok = train_tokenizer(corpus, Path(paths.tokenizer), d.vocab_size, d.spm_model_type, d.spm_max_sentences,
-                              d.spm_character_coverage, workers, sample_bytes=d.spm_sample_bytes, stop=stop)
+        tok = _own_tokenizer(cfg, lang, Path(paths.tokenizer), corpus, workers, stop)
         if tok is None or stop():
             sample = Path(paths.tokenizer).parent / SAMPLE_FILE
             kept = ("the tokenizer" if tok is not None else f"the tokenizer's sample ({sample})" if sample.exists()
                     else "nothing yet (the tokenizer's sample is drawn again: at most data.spm_sample_bytes of text)")
             return _stopped(lang, stop, kept)
-    if not paths.hf and tok.vocab_size != d.vocab_size:
-        raise TokenizerError(f"{paths.tokenizer} has {tok.vocab_size} pieces but data.vocab_size is "
-                             f"{d.vocab_size}; delete it to retrain, or set data.vocab_size={tok.vocab_size}")
     log.info(f"prepare {lang}: encoding {corpus} with {workers} process(es) (data.encode_threads="
              f"{d.encode_threads}{': the CPUs this process may use' if d.encode_threads == 0 else ''})")
     manifest = encode_corpus(corpus, tok, paths.shards, d.shard_bytes, workers, progress, stop, f"prepare {lang}")
@@ -145,6 +181,55 @@ def _prepare(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path, pr
     atomic.write_json(paths.done, {"settings": prepare_settings(cfg, lang), "tokenizer_sha256": tok.sha256,
                                    "shards": len(manifest["shards"]), "tokens": tokens})
     return ""
+
+
+def _own_tokenizer(cfg: ExperimentConfig, lang: str, path: Path, corpus: Path, workers: int,
+                   stop: Callable[[], str | None]) -> Tokenizer | None:
+    """The language's own SentencePiece model at ``path``: read, or trained when it is not there (None: a stop signal
+    came before it was)."""
+    d = cfg.data
+    if path.exists():
+        tok = Tokenizer(path)
+        log.info(f"prepare {lang}: tokenizer {path} exists ({tok.vocab_size} pieces)")
+    else:
+        check_writable(path.parent)  # before the time spent training
+        log.info(f"prepare {lang}: training SentencePiece ({d.vocab_size} pieces) on {corpus}")
+        tok = train_tokenizer(corpus, path, d.vocab_size, d.spm_model_type, d.spm_max_sentences,
+                              d.spm_character_coverage, workers, sample_bytes=d.spm_sample_bytes, stop=stop)
+        if tok is None:
+            return None
+    if tok.vocab_size != d.vocab_size:
+        raise TokenizerError(f"{path} has {tok.vocab_size} pieces but data.vocab_size is "
+                             f"{d.vocab_size}; delete it to retrain, or set data.vocab_size={tok.vocab_size}")
+    return tok
+
+
+def _extended_tokenizer(cfg: ExperimentConfig, lang: str, paths: Prepared, own: Tokenizer,
+                        corpus: Path) -> Tokenizer | HFTokenizer:
+    """``adapt.vocabulary=extend``: the source tokenizer extended with the pieces of ``own`` it lacks
+    (``data.extend``), made unless it is there and current."""
+    from itertools import islice
+
+    from minimodel.data.extend import extend
+
+    if not _extension_current(cfg, paths):
+        try:
+            source = load_prepared_tokenizer(cfg, cfg.source_lang)
+        except TokenizerError as e:
+            raise TokenizerError(f"prepare {lang}: adapt.vocabulary=extend extends the source language's tokenizer, "
+                                 f"which is not there ({e}): prepare {cfg.source_lang} first") from e
+        check_writable(Path(paths.tokenizer).parent)
+        lines = islice((line for doc in iter_documents(corpus) for line in doc), EXTEND_LINES)
+        record = extend(source, own, Path(paths.tokenizer), lines if paths.hf else ())
+        if Path(paths.shards).exists():  # encoded with the tokenizer this one replaces
+            import shutil
+
+            shutil.rmtree(paths.shards)
+        log.info(f"prepare {lang}: {source.path} ({record['kept']:,} pieces) extended with {record['new']:,} pieces of "
+                 f"{own.path}" + (f" and {record['intermediate']:,} pieces on the way to them ({record['unreachable']:,} "
+                                  f"not reached in the first {EXTEND_LINES:,} lines)" if paths.hf else "")
+                 + f" -> {paths.tokenizer}")
+    return HFTokenizer(paths.tokenizer, causal(cfg.model)) if paths.hf else Tokenizer(paths.tokenizer)
 
 
 def _stopped(lang: str, stop: Callable[[], str | None], kept: str) -> str:

@@ -41,7 +41,8 @@ def cost_rows(cfg: ExperimentConfig) -> list[dict]:
                                            trainable_layers=b.layers, affine=b.init == "affine",
                                            teacher_layers=m.layers if distill else 0, **common)})
     a, phases = cfg.adapt.optim, adapt.phases
-    common = {**common, "vocab": d.vocab_size}  # step 2 projects onto the target vocabulary (data.vocab_size)
+    common = {**common, "vocab": adapt.target_vocab}  # step 2 projects onto the target vocabulary (data.vocab_size;
+    # with adapt.vocabulary=extend the source's too)
     for p in phases if len(phases) > 1 else []:  # progressive adaptation: each phase at its own depth
         rows.append({"step": f"2 adapt phase {p.head} (per language)", "formula": adapt.formula,
                      "layers": p.depth, "updates": p.end - p.start, "batch": a.global_batch,

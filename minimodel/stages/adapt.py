@@ -49,6 +49,7 @@ from minimodel.store.layout import (
 )
 from minimodel.store.provenance import producers
 from minimodel.systems import Body, Phase, StagePlan, stage_plan
+from minimodel.training.callbacks import FrozenRows
 from minimodel.training.mlm import MLMModule
 from minimodel.training.runner import Runner, Stage, StageResult, Training
 
@@ -256,6 +257,41 @@ INITS: dict[str, Callable[[ExperimentConfig, Inputs, str], Initial]] = {
 """``adapt.init``: how each kind of initialisation makes step 2's starting embeddings (``config.checks.INITS``)."""
 
 
+def keep_source_rows(x: Inputs, initial: Initial, head: str) -> int:
+    """``adapt.vocabulary=extend``: the target tokenizer is the source tokenizer plus new pieces (``data.extend``),
+    so its first rows are the source model's pieces: their embeddings (output biases; an untied model's output rows)
+    become the source's own, by token id, whatever ``adapt.init`` made of them. Returns how many rows that is."""
+    from minimodel.data.extend import read_extension
+
+    body, kept = x.body, x.body.cfg.vocab_size
+    record = read_extension(x.target_tok.path)
+    if record is None or record.get("source_sha256") != x.source_tok.sha256 or record.get("kept") != kept:
+        made = "no extension record" if record is None else (
+            f"an extension of {record.get('source')} ({record.get('kept')} pieces, sha256 "
+            f"{str(record.get('source_sha256'))[:12]})")
+        raise ConfigError(f"adapt.vocabulary=extend: the target tokenizer {x.target_tok.path} is not the source "
+                          f"tokenizer {x.source_tok.path} ({kept} pieces, sha256 {x.source_tok.sha256[:12]}) extended: "
+                          f"it has {made}; run `minimodel prepare ... --langs=LANG` again")
+    with torch.no_grad():
+        initial.weight[:kept] = body.embeddings.tokens.weight.detach().to(initial.weight.dtype)
+        bias = getattr(body.heads[head], "bias", None)
+        if bias is not None:
+            initial.bias[:kept] = bias.detach().to(initial.bias.dtype)
+        if initial.output is not None:
+            initial.output[:kept] = body.heads[head].decoder.weight.detach().to(initial.output.dtype)
+    initial.info = {**initial.info, "vocabulary": {"mode": "extend", "kept": kept,
+                                                   "new": x.target_tok.vocab_size - kept,
+                                                   **{k: record[k] for k in ("intermediate", "unreachable")
+                                                      if k in record}}}
+    return kept
+
+
+def frozen_rows(body: RobertaMLM, kept: int) -> FrozenRows:
+    """What keeps the first ``kept`` rows of the adaptation's trainable matrices (and output bias) as they are."""
+    names = [n for n, p in body.named_parameters() if p.requires_grad]
+    return FrozenRows(names, kept, body)
+
+
 def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
     if not cfg.lang:
         raise ConfigError("adapt needs a target language: add lang=xx (e.g. lang=de)")
@@ -275,18 +311,24 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         initial = INITS[a.init](cfg, x, phases[0][1])  # the output bias from the first phase's head
         if initial.output is None:  # an untied output projection starts as the overlap initialisation
             initial.output = init_output(body, x.source_tok, x.target_tok, a.trainer.seed, phases[0][1])
+        kept = keep_source_rows(x, initial, phases[0][1]) if a.vocabulary == "extend" else 0
         overlap = initial.overlap
         swap_embeddings(body, initial.weight, initial.bias, initial.output)
         tie_biases(body)
         n_train = freeze_all_but(body, adaptation_trainable)
+        frozen = [frozen_rows(body, kept)] if kept else []
+        trained = sum(p[kept:].numel() for p in body.parameters() if p.requires_grad)
         if process_rank() == 0:
             info = {"lang": cfg.lang, "target_vocab": vocab, "overlapping_pieces": overlap,
                     "trainable_parameters": n_train, "body_layers": body.cfg.layers, "body": x.body_source,
-                    "init": initial.info}
+                    "init": initial.info, **({"kept_rows": kept, "trained_parameters": trained} if kept else {})}
             atomic.write_json(run_dir / ADAPT_INFO, info)
         shape = " then ".join(f"{p.head} ({p.depth} layers, updates {p.start}-{p.end})" for p, _ in phases)
+        rows = (f"; the first {kept:,} rows are {cfg.source_lang}'s own, frozen: {trained:,} of them train" if kept
+                else "")
         log.info(f"adapt {cfg.system} to {cfg.lang}: {overlap:,} of {vocab:,} pieces overlap with {cfg.source_lang}; "
-                 f"{shape if cfg.adapt.schedule else f'{body.cfg.layers}-layer body'}; {n_train:,} trainable parameters")
+                 f"{shape if cfg.adapt.schedule else f'{body.cfg.layers}-layer body'}; {n_train:,} trainable "
+                 f"parameters{rows}")
         flops = FlopSchedule([(p.start, p.end, adapt_flops(p.depth, body.cfg.hidden, cfg.data.seq_len, vocab,
                                                             predicted_share(cfg), a.optim.global_batch, 1,
                                                             shape=LayerShape.of(body.cfg)))
@@ -306,7 +348,7 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
             payload = Adaptation(system=cfg.system, lang=cfg.lang, **adaptation_state(module.model),
                                  tokenizer=tokenizer, step=step, flops=spent, v100_days=v100_days(spent),
                                  body=x.body_source, body_layers=body.cfg.layers, primary=plan.runs.primary,
-                                 overlapping_pieces=overlap,
+                                 overlapping_pieces=overlap, kept=kept,
                                  phase=phase_at(phases, max(step - 1, 0))[0].head if cfg.adapt.schedule else "")
             path = adaptation_checkpoint(run_dir, step)
             atomic.save_torch(payload.to_dict(), path)
@@ -320,6 +362,6 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         data = mlm_datamodule(cfg, cfg.lang, a.optim, a.trainer.seed, x.target_tok, a.data_fraction)
         return Training(module, data, a.optim,
                         replace(a.trainer, ckpt_steps=ends), flops_per_update=flops, tokens_per_update=a.optim.global_batch * cfg.data.seq_len,
-                        keep_steps=False, export=export, finish=finish)
+                        keep_steps=False, export=export, finish=finish, callbacks=frozen)
 
     return Runner(cfg, Stage(f"adapt/{cfg.lang}", run_dir, a.trainer.seed, inputs=producers(body=plan.runs.body)), prepare, build).run(progress_bar)

@@ -207,6 +207,9 @@ class Adaptation(Payload):
     # the output projection (V_trg, h) of a model whose heads do not project with the embeddings (a causal LM with
     # model.tie_embeddings: false); None otherwise. ``bias`` is empty where the heads have no output bias
     output: torch.Tensor | None = None
+    # adapt.vocabulary=extend: the first ``kept`` rows are the source model's own pieces, as they were (the target
+    # tokenizer is the source's plus new pieces); 0: a vocabulary of its own (the paper)
+    kept: int = 0
 
 
 @dataclass

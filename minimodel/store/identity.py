@@ -48,9 +48,11 @@ def stage_identity(stage: str) -> tuple[str, ...]:
         task = rest.split("/")[0]
         return ("source_lang", "model", *_DATA_READ, "bridge.source", *(f"finetune.{k}" for k in _FINETUNE),
                 *trainer, *(f"tasks.{task}.{k}" for k in _TASK))
-    extra = {"pretrain": ("pretrain.head_weights", "pretrain.forget_every", "pretrain.forget_lr_restart"), "bridge": ("bridge.depth", "bridge.layers", "bridge.source", "bridge.init",
-                                                                                                              "bridge.fit_tokens", "bridge.objective", "bridge.distill_mse"),
-             "adapt": ("adapt.init", "adapt.focus", "adapt.head", "adapt.schedule", "adapt.data_fraction", "adapt.trainer.ckpt_every",
+    extra = {"pretrain": ("pretrain.head_weights", "pretrain.forget_every", "pretrain.forget_lr_restart"),
+             "bridge": ("bridge.depth", "bridge.layers", "bridge.source", "bridge.init", "bridge.fit_tokens",
+                        "bridge.objective", "bridge.distill_mse"),
+             "adapt": ("adapt.init", "adapt.vocabulary", "adapt.focus", "adapt.head", "adapt.schedule",
+                       "adapt.data_fraction", "adapt.trainer.ckpt_every",
                        "adapt.trainer.ckpt_steps")}.get(kind, ())
     return ("source_lang", "model", *_MLM_DATA, *(f"{kind}.optim.{k}" for k in _OPTIM), *trainer, *extra)
 

@@ -194,6 +194,9 @@ class Prepared:
     tokenizer: str  # a SentencePiece .model path, or a Hugging Face tokenizer directory / hub id
     shards: Path
     hf: bool = False
+    # adapt.vocabulary=extend: the language's own SentencePiece model, whose pieces the source tokenizer is extended
+    # with (``data.extend``); "" for a language's own tokenizer
+    base: str = ""
 
     @property
     def done(self) -> Path:
@@ -213,9 +216,16 @@ def _slug(ref: str) -> str:
     return f"{name}-{hashlib.sha1(ref.encode()).hexdigest()[:8]}"
 
 
-def prepared(prepared_dir: str | Path, lang: str, hf_tokenizer: str = "") -> Prepared:
-    """Tokenizer and shards of ``lang``; ``hf_tokenizer``: the Hugging Face tokenizer of the source language."""
+def prepared(prepared_dir: str | Path, lang: str, hf_tokenizer: str = "", extends: str | None = None) -> Prepared:
+    """Tokenizer and shards of ``lang``; ``hf_tokenizer``: the Hugging Face tokenizer of the source language.
+    ``extends`` (``adapt.vocabulary: extend``, a target language): the source tokenizer it extends, a Hugging Face
+    one's reference or "" for the source language's SentencePiece model; the extended tokenizer and the shards it
+    encodes live apart, in ``{lang}/extend-{source}/``, beside the language's own SentencePiece model."""
     root = Path(prepared_dir) / lang
+    if extends is not None:
+        d = root / f"extend-{_slug(extends) if extends else 'spm'}"
+        return Prepared(lang, str(d / ("tokenizer" if extends else "spm.model")), d / "shards", hf=bool(extends),
+                        base=str(root / "spm.model"))
     if hf_tokenizer:
         return Prepared(lang, hf_tokenizer, root / f"hf-{_slug(hf_tokenizer)}" / "shards", hf=True)
     return Prepared(lang, str(root / "spm.model"), root / "shards")

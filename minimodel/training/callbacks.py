@@ -279,3 +279,48 @@ class StageBar(TQDMProgressBar):
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         return shown_metrics({**super().get_metrics(trainer, pl_module), **trainer.callback_metrics})  # tok/s too
+
+
+class FrozenRows(Callback):
+    """``adapt.vocabulary=extend``: the first ``rows`` rows of some parameters (the token embeddings, an untied output
+    projection, the output bias: the source model's own pieces) stay bit-identical while the rows after them train.
+
+    Their gradient is zeroed as it is computed (a hook on the parameter), so gradient clipping, the all-reduce and
+    AdamW's moments see the new rows alone; and after every optimiser step they are written back from the values
+    they started with, because AdamW's decoupled weight decay shrinks every row of a parameter, gradient or not.
+    Nothing of this is in a checkpoint: the rows are the model's own, and a resumed run sets the hooks again."""
+
+    def __init__(self, names: list[str], rows: int, model: Any) -> None:
+        params = dict(model.named_parameters())
+        self.names, self.rows = names, rows
+        self.values = [params[n].detach().cpu()[:rows].clone() for n in names]
+        self._handles: list[Any] = []
+
+    def _params(self, module: Any) -> list[Any]:
+        params = dict(module.model.named_parameters())
+        return [params[n] for n in self.names]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        import torch
+
+        params = self._params(pl_module)
+        values = [v.to(device=p.device, dtype=p.dtype) for p, v in zip(params, self.values)]
+        rows = self.rows
+
+        def mask(grad: torch.Tensor) -> torch.Tensor:
+            grad = grad.clone()
+            grad[:rows] = 0
+            return grad
+
+        def restore(*_: Any) -> None:
+            with torch.no_grad():
+                for p, v in zip(params, values):
+                    p[:rows].copy_(v)
+
+        self._handles = [p.register_hook(mask) for p in params]
+        self._handles += [opt.register_step_post_hook(restore) for opt in trainer.optimizers]
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []

@@ -82,6 +82,7 @@ class Training:
     keep_steps: bool = True  # keep step{N}.ckpt files (False: last.ckpt only)
     export: Callable[[int], Any] | None = None  # rank 0, at every checkpoint and at update 0 of a fresh run
     finish: Callable[[L.Trainer], dict] | None = None  # rank 0, after the last update: more done.json fields
+    callbacks: list[Callback] = field(default_factory=list)  # more of the stage's own (adaptation: FrozenRows)
 
 
 class Outcome(Enum):
@@ -285,7 +286,7 @@ class Runner(Generic[T]):
             log.info(f"{stage.name}: compiling {compile_layers(training.module)} transformer layers (trainer.compile)")
         ckpts = ScheduledCheckpoints(checkpoints(run_dir), t.ckpt_every, t.ckpt_steps, t.max_minutes, t.stop_at,
                                      keep_steps=training.keep_steps, export=training.export)
-        callbacks: list[Callback] = [ckpts]
+        callbacks: list[Callback] = [*training.callbacks, ckpts]
         f = training.flops_per_update
         flops = f if isinstance(f, FlopSchedule) else FlopSchedule.constant(f) if f else None
         if flops is not None:
