@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_recipe.py layers               # minimodel layers' table (N = 1..30), seconds
     .venv/bin/python benchmarks/bench_recipe.py step0                # every bridge.init's step-0 loss (N = 10, 12)
     .venv/bin/python benchmarks/bench_recipe.py bridge --runs affine:distill,affine:lm,random:lm [--updates 1000]
+    .venv/bin/python benchmarks/bench_recipe.py init --langs fr,ru --inits mean,overlap,random   # step 2's step 0
     .venv/bin/python benchmarks/bench_recipe.py embeddings --langs fr,ru [--updates 500]
 
 Each part adds its figures under its own key of ``--json`` (default benchmarks/results/recipe-vm.json), keeping the
@@ -190,6 +191,51 @@ def loss_per_char(model: torch.nn.Module, tok: Any, texts: list[str], window: in
             "loss_per_token": total / scored}
 
 
+def part_init(args: argparse.Namespace) -> None:
+    """Step 0 of step 2 for every ``adapt.init``: SmolLM2 with the initial target embeddings (the stage's own
+    ``INITS``, the body being SmolLM2 itself: an initialisation reads only the source's embeddings and the two
+    tokenizers, so it is the same for every system), against SmolLM2 with its own tokenizer; no training."""
+    import copy
+
+    from minimodel.data.prepare import load_prepared_tokenizer, load_source_tokenizer
+    from minimodel.models.model import PRIMARY
+    from minimodel.models.surgery import swap_embeddings
+    from minimodel.stages.adapt import INITS, Inputs, init_output, keep_source_rows
+    from minimodel.stages.bridge import load_primary
+
+    for lang in args.langs:
+        cfg = config(args.runs_dir, "recipe-init", f"lang={lang}", "system=bl_base", *args.override)
+        smollm2, trained_with = load_primary(cfg.bridge.source, cfg.model.family)
+        own = load_source_tokenizer(cfg, smollm2, cfg.bridge.source, trained_with)
+        texts = held_out_texts(cfg, lang)
+        window = cfg.data.seq_len
+        out: dict[str, Any] = {"smollm2_own_tokenizer": loss_per_char(smollm2, own, texts, window),
+                               "held_out": {"blocks": len(texts), "chars": sum(len(t) for t in texts)}}
+        print(f"{lang}: SmolLM2 with its own tokenizer {out['smollm2_own_tokenizer']['nats_per_char']:.4f} nats/char "
+              f"({out['smollm2_own_tokenizer']['tokens_per_char']:.3f} tokens/char)", flush=True)
+        for vocabulary, init in ((v, i) for v in args.vocabularies for i in args.inits):
+            start = time.perf_counter()
+            c = config(args.runs_dir, "recipe-init", f"lang={lang}", "system=bl_base", f"adapt.init={init}",
+                       f"adapt.vocabulary={vocabulary}", *args.override)
+            target = load_prepared_tokenizer(c, lang)  # extend: SmolLM2's tokenizer plus the target's new pieces
+            model = copy.deepcopy(smollm2)
+            x = Inputs(model, c.bridge.source, own, target)
+            initial = INITS[init](c, x, PRIMARY)
+            if initial.output is None:
+                initial.output = init_output(model, own, target, c.adapt.trainer.seed, PRIMARY)
+            if vocabulary == "extend":
+                keep_source_rows(x, initial, PRIMARY)
+            swap_embeddings(model, initial.weight, initial.bias, initial.output)
+            key = f"{vocabulary}/{init}"
+            out[key] = {**loss_per_char(model, target, texts, window), "init_info": initial.info,
+                        "copied": initial.overlap, "vocab": target.vocab_size, "seconds": time.perf_counter() - start}
+            print(f"{lang} {key}: {out[key]['nats_per_char']:.4f} nats/char ({out[key]['tokens_per_char']:.3f} "
+                  f"tokens/char)", flush=True)
+        figures = json.loads(args.json.read_text()).get("init", {}) if args.json.exists() else {}
+        figures[lang] = out
+        update_json(args.json, "init", figures)
+
+
 def part_embeddings(args: argparse.Namespace) -> None:
     """Per target language: SmolLM2 with its own tokenizer; then per (system, adapt.init): step 2 (``run_adapt``) and
     SmolLM2's loss per character with each adaptation checkpoint's embeddings plugged in."""
@@ -246,7 +292,7 @@ def part_embeddings(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("part", choices=("layers", "step0", "bridge", "embeddings"))
+    p.add_argument("part", choices=("layers", "step0", "bridge", "init", "embeddings"))
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     p.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "recipe_bench")
     p.add_argument("--bridge-layers", type=int, default=2)
@@ -257,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--langs", type=lambda s: s.split(","), default=["fr", "ru"])
     p.add_argument("--override", action="append", default=[], help="a config override for every run (repeatable)")
     p.add_argument("--systems", type=lambda s: s.split(","), default=["minipost", "bl_base"])
-    p.add_argument("--inits", type=lambda s: s.split(","), default=["mean", "overlap"])
+    p.add_argument("--inits", type=lambda s: s.split(","), default=["mean", "overlap", "random"])
     p.add_argument("--adapt-updates", type=int, default=500)
+    p.add_argument("--vocabularies", type=lambda s: s.split(","), default=["replace", "extend"])
     p.add_argument("--bridge-recipe", default="affine:distill", help="the mini-model MiniPost's step 2 runs over "
                                                                       "(the bridge run of part (a), init:objective)")
     args = p.parse_args(argv)
@@ -272,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         update_json(args.json, "step0", part_step0(args))
     elif args.part == "bridge":
         part_bridge(args)
+    elif args.part == "init":
+        part_init(args)
     else:
         part_embeddings(args)
     print(f"figures in {args.json}")
