@@ -22,6 +22,7 @@ from minimodel.config.checks import check_task_fits
 from minimodel.data.tasks import TaskData, majority_baseline
 from minimodel.experiment import load_experiment
 from tests.conftest import ROOT
+from tests.test_wiki_topics import sources_table as wiki_sources_table
 
 TASK = ROOT / "data" / "sib200"
 LANGS = ("en", "fr", "es", "de", "el", "ru", "tr")
@@ -150,16 +151,7 @@ def test_every_file_is_parallel_and_well_formed():
 
 
 def sources_table(header: str) -> dict[str, list[str]]:
-    """SOURCES.md's table whose header row starts with ``header``: first cell (unquoted) -> the other cells."""
-    lines = (TASK / "SOURCES.md").read_text(encoding="utf-8").splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    rows = {}
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0].strip("`")] = cells[1:]
-    return rows
+    return wiki_sources_table(header, TASK)
 
 
 def test_sources_md_counts_and_baselines_are_the_files():

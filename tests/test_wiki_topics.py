@@ -102,9 +102,9 @@ def test_no_article_in_two_splits_and_no_duplicate():
     assert all("\n" not in doc for lang in ("fr", "es") for doc in pool(lang))  # one line per document
 
 
-def sources_table(header: str) -> dict[str, list[str]]:
-    """SOURCES.md's table whose header row starts with ``header``: first cell (unquoted) -> the other cells."""
-    lines = (TASK / "SOURCES.md").read_text(encoding="utf-8").splitlines()
+def sources_table(header: str, task: Path = TASK) -> dict[str, list[str]]:
+    """``task``'s SOURCES.md table whose header row starts with ``header``: first cell (unquoted) -> the other cells."""
+    lines = (task / "SOURCES.md").read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header))
     rows = {}
     for line in lines[start + 2:]:
