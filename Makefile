@@ -27,7 +27,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-demo test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus sib200 sib200-corpus smollm2 study-real results-real study-real-fr results-real-fr study-real-gpu results-real-gpu study-gpu results-gpu
+.PHONY: help setup test test-demo test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus sib200 sib200-corpus study-sib200 results-sib200 smollm2 study-real results-real study-real-fr results-real-fr study-real-gpu results-real-gpu study-gpu results-gpu
 
 help:
 	@sed -n '1,10p' Makefile
@@ -164,6 +164,23 @@ results-real-fr: setup
 results-real-gpu: setup
 	mkdir -p docs/real/gpu
 	$(call real_results,study_real_gpu,docs/real/gpu/results.md)
+
+# Evidence v5 (issue 53; docs/real/sib200.md): SmolLM2 on SIB-200, the paper's recipe and issue 52's, against the
+# unadapted model; about 2 hours of a 2-core CPU. Then make results-sib200
+study-sib200: smollm2 sib200-corpus
+	$(MM) run experiments/study_sib200.yaml $(OVERRIDES)
+	$(BIN)/python scripts/unadapted_reference.py experiments/study_sib200.yaml tasks.sib200.max_len=512
+
+# its rows, references and bridge curves into docs/results/study_sib200 (committed); from those copies, the report of
+# every row (docs/real/sib200/results.md) and the paper's claims read on the recipe's pair (docs/real/sib200/recipe/results.md: its own plots/)
+RECIPE_PAIR := report.systems='{bl_base@mean: bl_base, minipost-recipe@mean: minipost}'
+results-sib200: setup
+	$(call copy_results,study_sib200)
+	cp runs/study_sib200/unadapted.jsonl docs/results/study_sib200/
+	for s in minipost minipost-recipe; do cp runs/study_sib200/$$s/bridge/metrics.csv docs/results/study_sib200/bridge_metrics.$$s.csv; done
+	mkdir -p docs/real/sib200/recipe
+	$(MM) report experiments/study_sib200.yaml runs_dir=docs/results --out docs/real/sib200/results.md
+	$(MM) report experiments/study_sib200.yaml runs_dir=docs/results $(RECIPE_PAIR) --out docs/real/sib200/recipe/results.md
 
 wiki-topics: setup
 	$(BIN)/python scripts/build_wiki_topics.py task --out data/wiki_topics --cache .cache/wheels

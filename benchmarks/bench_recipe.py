@@ -39,6 +39,7 @@ import torch  # noqa: E402
 
 from minimodel.config.schema import ExperimentConfig  # noqa: E402
 from minimodel.experiment import load_experiment  # noqa: E402
+from minimodel.stages.perplexity import held_out_texts, loss_per_char  # noqa: E402
 
 EXPERIMENT = ROOT / "experiments" / "recipe_smollm2.yaml"
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "recipe-vm.json"
@@ -146,49 +147,6 @@ def part_bridge(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------------------- (b) the embeddings
-
-
-def held_out_texts(cfg: ExperimentConfig, lang: str) -> list[str]:
-    """The text of ``lang``'s held-out blocks (the last ``data.val_blocks``, which step 2 never trains on), decoded
-    from the target tokenizer's ids, one string per block (without its BOS)."""
-    from minimodel.data.mlm import mlm_datamodule
-    from minimodel.data.prepare import load_prepared_tokenizer
-
-    tok = load_prepared_tokenizer(cfg, lang)
-    data = mlm_datamodule(cfg, lang, cfg.adapt.optim, 1, tok)
-    data.setup()
-    val = data.val_set
-    return [tok.decode(val[i]["input_ids"][1:].tolist()) for i in range(len(val))]
-
-
-@torch.no_grad()
-def loss_per_char(model: torch.nn.Module, tok: Any, texts: list[str], window: int, batch: int = 4
-                  ) -> dict[str, float]:
-    """Next-token loss of ``model`` over ``texts`` tokenized by ``tok``, in nats per character of the text: each text
-    in windows of ``window`` tokens, each window after a BOS (the first token of a window is scored on BOS alone)."""
-    from minimodel.models.model import IGNORE_INDEX
-
-    bos, pad = tok.specials.bos, tok.specials.pad
-    windows, chars, tokens = [], 0, 0
-    for text in texts:
-        ids = tok.encode_one(text)
-        chars, tokens = chars + len(text), tokens + len(ids)
-        windows += [[bos, *ids[i:i + window - 1]] for i in range(0, len(ids), window - 1)]
-    model.eval()
-    total, scored = 0.0, 0
-    for i in range(0, len(windows), batch):
-        rows = windows[i:i + batch]
-        width = max(len(r) for r in rows)
-        x = torch.full((len(rows), width), pad, dtype=torch.long)
-        y = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
-        for j, r in enumerate(rows):
-            x[j, :len(r)] = torch.tensor(r)
-            y[j, :len(r) - 1] = torch.tensor(r[1:])
-        n = int(y.ne(IGNORE_INDEX).sum())
-        total += float(model.lm_losses(x, y)["primary"]) * n
-        scored += n
-    return {"nats_per_char": total / chars, "tokens": tokens, "chars": chars, "tokens_per_char": tokens / chars,
-            "loss_per_token": total / scored}
 
 
 def part_init(args: argparse.Namespace) -> None:

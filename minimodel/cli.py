@@ -201,9 +201,9 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     path = write_report(cfg.runs_dir, cfg.name, out=Path(args.out) if args.out else None, baselines=baselines,
                         depths=mini_depths(infos), variants=infos, main_metrics=main_metrics,
                         split=cfg.evaluate.split, checks=checks, inits=init_twins(vs),
-                        family=families.of(cfg.model))
+                        family=families.of(cfg.model), systems=cfg.report.systems)
     print(summary(cfg.runs_dir, cfg.name, baselines=baselines, main_metrics=main_metrics, split=cfg.evaluate.split,
-                  checks=checks))
+                  checks=checks, systems=cfg.report.systems))
     print(f"report: {path}")
     from minimodel.store.results import ResultsTable
     from minimodel.store.wandb_results import log_report

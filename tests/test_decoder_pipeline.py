@@ -92,6 +92,11 @@ def test_the_four_decoder_systems_through_steps_1_to_4(tmp_path, prepared, corpu
         ppl = {r["step"]: r["value"] for r in rows if r["metric"] == "perplexity"}
         assert set(ppl) == steps and all(1.0 < v < 1e6 and math.isfinite(v) for v in ppl.values()), (system, ppl)
         assert ppl[4] < ppl[0], (system, ppl)  # adaptation lowers the target-language perplexity
+        # the same loss per character of the held-out text: the same text and tokenizer at every step, so loss per
+        # character / loss per token (characters per token) is one figure for the language
+        per_char = {r["step"]: r["value"] for r in rows if r["metric"] == "loss_per_char"}
+        chars_per_token = {round(math.log(ppl[s]) / per_char[s], 9) for s in steps}
+        assert set(per_char) == steps and len(chars_per_token) == 1 and 1.0 < chars_per_token.pop() < 10.0, per_char
     assert "perplexity" in (runs / "report.md").read_text()  # the report's table of every other metric
 
 

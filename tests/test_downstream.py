@@ -142,3 +142,30 @@ def test_target_language_dev_sets_are_separate_from_the_test_sets():
         pages = {r["id"].split("#")[0] for r in dev}
         assert not pages & {r["id"].split("#")[0] for r in test}
         assert not {r["text"] for r in dev} & {r["text"] for r in english_dev}  # translated, not copied
+
+
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+def test_length_sorted_batches_give_each_feature_its_own_prediction_in_the_order_given(prepared, family):
+    """predict batches features of similar length together (``length_order``): every feature still gets what it
+    gets alone, at its own index."""
+    from minimodel.data.downstream import length_order
+    from minimodel.models.families import build
+
+    tok = Tokenizer(prepared / "prepared" / "de" / "spm.model")
+    task = TaskData("lohelp", LOHELP)
+    features = task.features(task.records("test", "de")[:30], tok)
+    lengths = [len(f["input_ids"]) for f in features]
+    assert len(set(lengths)) > 3 and lengths != sorted(lengths, reverse=True)  # the order matters here
+    order = length_order(features)
+    assert sorted(order) == list(range(30)) and [lengths[j] for j in order] == sorted(lengths, reverse=True)
+    torch.manual_seed(0)
+    cfg = model_preset("tiny", vocab_size=1000, max_positions=66)
+    if family == "decoder":
+        cfg.family, cfg.positions, cfg.norm = "decoder", "rotary", "rmsnorm"
+    body = build(cfg)
+    head = task_head(task, cfg.hidden, 0.1)
+    cpu = torch.device("cpu")
+    batched = predict(body, head, features, 8, cpu)
+    alone = [predict(body, head, [f], 1, cpu)[0] for f in features]
+    assert [p for p, _ in batched] == [p for p, _ in alone]
+    assert all(a == pytest.approx(b, abs=1e-5) for (_, a), (_, b) in zip(batched, alone))

@@ -249,6 +249,10 @@ class ReportConfig:
     # holds when BL_BASE's moves by less than plateau_points in every language
     plateau_share: float = 0.25
     plateau_points: float = 1.0
+    # which systems the report reads, and under which names: {} = every system under its own label; else only the
+    # rows of these labels, renamed (e.g. {bl_base@mean: bl_base, minipost-recipe@mean: minipost}: the paper's
+    # claims read on a recipe's pair of rows; docs/real/sib200.md)
+    systems: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

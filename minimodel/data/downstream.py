@@ -32,25 +32,35 @@ def task_head(task: TaskData, hidden: int, dropout: float, pooling: str = "first
 @torch.no_grad()
 def predict(body: RobertaMLM, head: nn.Module, features: list[dict[str, Any]], batch_size: int,
             device: torch.device, precision: str = "auto") -> list[Any]:
-    """Per feature: (predicted class id, class probabilities), or (start_logits, end_logits) trimmed to its length;
-    ``precision``: ``evaluate.precision``."""
+    """Per feature, in the order given: (predicted class id, class probabilities), or (start_logits, end_logits)
+    trimmed to its length; ``precision``: ``evaluate.precision``. Batches are formed from features of similar length
+    (``length_order``), so little of a forward pass is spent on padding."""
     body.eval()
     head.eval()
     half = autocast_dtype(device, precision)  # auto: bf16 where native, fp16 on older CUDA cards, fp32 on the CPU
-    out: list[Any] = []
-    for i in range(0, len(features), batch_size):
-        chunk = features[i:i + batch_size]
+    order = length_order(features)
+    out: list[Any] = [None] * len(features)
+    for i in range(0, len(order), batch_size):
+        where = order[i:i + batch_size]
+        chunk = [features[j] for j in where]
         batch = pad_collate(chunk, body.cfg.pad_id)
         ids = batch["input_ids"].to(device)
         with torch.autocast(device.type, dtype=half) if half is not None else contextlib.nullcontext():
             logits = task_logits(body, head, ids, batch["attention_mask"].to(device), batch["padded"])
         if isinstance(logits, tuple):
             start, end = (t.float().cpu() for t in logits)
-            out.extend((start[j, :len(f["input_ids"])], end[j, :len(f["input_ids"])]) for j, f in enumerate(chunk))
+            results = [(start[k, :len(f["input_ids"])], end[k, :len(f["input_ids"])]) for k, f in enumerate(chunk)]
         else:
             logits = logits.float().cpu()
-            out.extend(zip(logits.argmax(-1).tolist(), logits.softmax(-1).tolist()))
+            results = list(zip(logits.argmax(-1).tolist(), logits.softmax(-1).tolist()))
+        for j, result in zip(where, results):
+            out[j] = result
     return out
+
+
+def length_order(features: list[dict[str, Any]]) -> list[int]:
+    """Feature indices by length (longest first; ties in their given order): consecutive batches of it pad little."""
+    return sorted(range(len(features)), key=lambda j: -len(features[j]["input_ids"]))
 
 
 def _answers(task: TaskData, records: list[dict[str, Any]], features: list[dict[str, Any]],

@@ -38,6 +38,7 @@ from minimodel.report.tables import (
     table_speedup,
     table_time,
 )
+from minimodel.report.unadapted import References, load_references, unadapted_section
 from minimodel.report.verdicts import task_verdicts, verdict_section
 from minimodel.store import atomic
 from minimodel.store.layout import Layout
@@ -80,14 +81,15 @@ def pretraining_note(res: Results) -> str:
 def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Mapping[str, int] | None = None,
                   variants: Mapping[str, Any] | None = None, truncation: list[str] | None = None,
                   checked: Checked | None = None, inits: Mapping[str, str] | None = None,
-                  family: Any = None) -> str:
+                  family: Any = None, references: References | None = None) -> str:
     """The Markdown report; ``variants``: MiniJoint label -> ``claims.VariantInfo`` (the claims beyond the paper);
     ``plots``: task -> relative link of its PNG; ``depths``: MiniJoint label -> depth of its
     mini-model (for the claim about depth); ``truncation``: the section ``truncation.report_section`` writes;
     ``checked``: the dev checks (``selection.apply_checks``: ``res`` is then its results, the languages that
     transfer); ``inits``: label of a row adapted from another initialisation -> the label of its overlap twin;
     ``family``: the experiment's ``families.ModelFamily`` (claims about a family the paper did not study are marked
-    so; a causal LM's perplexity gets claims of its own)."""
+    so; a causal LM's perplexity gets claims of its own); ``references``: the unadapted model's and the
+    bag-of-words rows (``unadapted.load_references``), for the claim "adapted beats unadapted"."""
     out = [f"# Mini-model adaptation: {name}", ""]
     if not res.curves and not res.english:
         return "\n".join(out + ["No results yet (no `*/results.jsonl` rows): run `minimodel evaluate` first.", ""])
@@ -165,6 +167,7 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
                         "mini-model; the last row is the average speedup over BL_BASE.", "", depth, ""]
     if res.curves and any(s == REFERENCE for s, _, _ in res.curves):
         out += claims_section(res, depths, variants, inits, family)
+    out += unadapted_section(res, references or {})
     english = table_english(res)
     if english:
         out += ["## English (Table 5)", "",
@@ -229,13 +232,15 @@ def claims_section(res: Results, depths: Mapping[str, int] | None, variants: Map
 
 def checked_results(runs_dir: str | Path, name: str, main_metrics: Mapping[str, str] | None, split: str,
                     baselines: Mapping[tuple[str, str], Mapping[str, float]] | None,
-                    checks: DevChecks | None) -> tuple[Results, Checked | None]:
-    """The results a report reads: the split's rows, with the dev checks applied on a test report (``checks``)."""
-    res = load_results(runs_dir, name, main_metrics, split)
+                    checks: DevChecks | None, systems: Mapping[str, str] | None = None
+                    ) -> tuple[Results, Checked | None]:
+    """The results a report reads: the split's rows (of ``systems`` only, renamed, when given: ``report.systems``),
+    with the dev checks applied on a test report (``checks``)."""
+    res = load_results(runs_dir, name, main_metrics, split, systems)
     res.set_baselines(baselines)
     if checks is None or split == "dev":
         return res, None
-    dev = load_results(runs_dir, name, main_metrics, "dev")
+    dev = load_results(runs_dir, name, main_metrics, "dev", systems)
     dev.set_baselines(checks.baselines)
     checked = apply_checks(res, dev, checks)
     return checked.res, checked
@@ -245,19 +250,23 @@ def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
                  baselines: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
                  depths: Mapping[str, int] | None = None, variants: Mapping[str, Any] | None = None,
                  main_metrics: Mapping[str, str] | None = None, split: str = "test",
-                 checks: DevChecks | None = None, inits: Mapping[str, str] | None = None, family: Any = None) -> Path:
+                 checks: DevChecks | None = None, inits: Mapping[str, str] | None = None, family: Any = None,
+                 systems: Mapping[str, str] | None = None) -> Path:
     """Read every ``{runs_dir}/{name}/*/results.jsonl``; write ``report.md`` (default
     ``{runs_dir}/{name}/report.md``) and its PNGs under ``plots/`` next to it. Returns the report path.
     ``baselines``: (task, lang) -> metric -> majority-class score; ``main_metrics``: task -> main metric;
-    ``checks``: the dev-set checks (transfer rule, plateau) of ``report:``; ``inits``: see ``render_report``."""
-    res, checked = checked_results(runs_dir, name, main_metrics, split, baselines, checks)
+    ``checks``: the dev-set checks (transfer rule, plateau) of ``report:``; ``inits``: see ``render_report``;
+    ``systems``: ``report.systems`` (which systems, under which names). Reads ``unadapted.jsonl`` beside the runs
+    when there is one (``unadapted.load_references``)."""
+    res, checked = checked_results(runs_dir, name, main_metrics, split, baselines, checks, systems)
     out = Path(out) if out is not None else Layout(Path(runs_dir), name).report_of(split)
     atomic.make_dirs(out.parent)
     pngs = plot_curves(res, out.parent / ("plots" if split == "test" else f"plots-{split}")) if res.curves else {}
     truncated = report_section({p.parent.name: read_truncation(p.parent) for p in Layout(Path(runs_dir), name).all_results()},
                                res.tasks, {task: res.langs(task) for task in res.tasks}, split)
     text = render_report(res, name, {task: path.relative_to(out.parent).as_posix() for task, path in pngs.items()},
-                         depths, variants, truncated, checked, inits, family)
+                         depths, variants, truncated, checked, inits, family,
+                         load_references(Layout(Path(runs_dir), name).root))
     atomic.write_text(out, text)
     return out
 
@@ -328,10 +337,11 @@ def fmt_stat_mean(res: Results, system: str, task: str) -> str:
 
 
 def summary(runs_dir: str | Path, name: str, baselines: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
-            main_metrics: Mapping[str, str] | None = None, split: str = "test", checks: DevChecks | None = None) -> str:
+            main_metrics: Mapping[str, str] | None = None, split: str = "test", checks: DevChecks | None = None,
+            systems: Mapping[str, str] | None = None) -> str:
     """A short plain-text table for the end of a demo (see ``summary_text``); with ``checks``, the languages that
     transfer only, and a line naming those left out."""
-    res, checked = checked_results(runs_dir, name, main_metrics, split, baselines, checks)
+    res, checked = checked_results(runs_dir, name, main_metrics, split, baselines, checks, systems)
     text = summary_text(res)
     if checked is not None and checked.left_out:
         text += "\n" + "; ".join(f"{task}: left out (transfer rule on dev): " + ", ".join(t.lang for t in failing)

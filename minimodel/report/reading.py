@@ -22,7 +22,7 @@ REFERENCE = systems.REFERENCE  # BL_BASE: standard adaptation of the 12-layer mo
 SYSTEM_ORDER = systems.ORDER
 NEAR_MAX = 0.95  # near-maximal performance: 95% of BL_BASE's final score
 # depth-sweep labels: minijoint-n2, minipost-n6 (a tag per depth), minijoint@l2 (one head of a multi-head model)
-LOWER_IS_BETTER = frozenset({"perplexity", "loss"})  # metrics where a lower score is the better one
+LOWER_IS_BETTER = frozenset({"perplexity", "loss", "loss_per_char"})  # metrics where a lower score is the better one
 INVERSE_PERPLEXITY = "1/perplexity"  # exp(-loss): the geometric-mean probability of the next token (higher is better)
 SWEEP = re.compile(r"^(?P<base>.+?)(?P<sep>-n|@l)(?P<depth>\d+)$")
 
@@ -248,10 +248,18 @@ def _read(rows: list[dict], main_metrics: Mapping[str, str] | None, split: str) 
 
 
 def load_results(runs_dir: str | Path, name: str, main_metrics: Mapping[str, str] | None = None,
-                 split: str = "test") -> Results:
-    """Every ``{runs_dir}/{name}/*/results.jsonl`` (a partial last line is ignored)."""
+                 split: str = "test", systems: Mapping[str, str] | None = None) -> Results:
+    """Every ``{runs_dir}/{name}/*/results.jsonl`` (a partial last line is ignored); with ``systems`` (label ->
+    name, ``report.systems``), only those systems' rows, under the names given."""
     rows = [r for path in Layout(Path(runs_dir), name).all_results() for r in ResultsTable(path).rows()]
-    return results_from_rows(rows, main_metrics, split)
+    return results_from_rows(renamed(rows, systems) if systems else rows, main_metrics, split)
+
+
+def renamed(rows: Iterable[dict], names: Mapping[str, str]) -> list[dict]:
+    """The rows of the systems in ``names`` (label -> new name, ``report.systems``), renamed; the others left out."""
+    if len(set(names.values())) != len(names):
+        raise ValueError(f"report.systems gives two systems the same name: {dict(names)}")
+    return [{**r, "system": names[r["system"]]} for r in rows if r.get("system") in names]
 
 
 def inverse_perplexity(res: Results, task: str) -> Results | None:

@@ -354,7 +354,7 @@ def _evaluate(cfg: ExperimentConfig, plan: StagePlan, progress: bool, wandb: Res
         predictions = predict(body, head, features, cfg.finetune.eval_batch, device, cfg.evaluate.precision)
         scores = score(data, records, features, predictions, lang)
         if perplexity is not None:  # a causal LM's second metric, once per checkpoint (stages/perplexity.py)
-            scores["perplexity"] = perplexity(path, adapted, lang, tok)
+            scores.update(perplexity(path, adapted, lang, tok))
         if keep == "all" or (keep == "final" and path in finals):
             save_predictions(r.layout.predictions(r.label, task, lang, seed, int(adapted.step), cfg.evaluate.split),
                              prediction_rows(data, records, features, predictions))
