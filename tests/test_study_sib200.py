@@ -35,12 +35,12 @@ def test_the_paper_recipe_and_the_recipe_of_issue_52_for_each_system():
     assert len({stage_plan(c, "adapt").runs.finetune("sib200", 1) for c in r.values()}) == 1
 
 
-def test_the_cpu_study_evaluates_dev_and_test_at_four_checkpoints_with_three_seeds():
+def test_the_cpu_study_evaluates_test_at_four_checkpoints_and_dev_with_three_seeds():
     cfg = load_experiment(path("study_sib200"), [])
     steps = {0, *cfg.adapt.trainer.ckpt_steps, cfg.adapt.optim.updates}
     assert len(steps) >= 4 and 0 in steps
-    assert cfg.evaluate.dev and cfg.evaluate.dev_checkpoints == "all" and len(cfg.finetune.seeds) >= 3
-    assert len(cfg.target_langs) >= 3 and {"el", "ru"} <= set(cfg.target_langs)  # two non-Latin scripts at least
+    assert cfg.evaluate.dev and len(cfg.finetune.seeds) >= 3
+    assert len(cfg.target_langs) >= 2 and {"el", "ru"} <= set(cfg.target_langs)  # two non-Latin scripts at least
     assert cfg.data.corpus_dir == "runs/corpora/sib200" and cfg.tasks["sib200"].source == "data/sib200"
 
 
