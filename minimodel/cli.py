@@ -79,11 +79,26 @@ def cmd_finetune(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
 
 
 def cmd_evaluate(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
+    """Step 4 for every system of the experiment's sweep, as ``run`` evaluates them (in any split:
+    ``evaluate.split=dev`` too), unless the command line picks one (``system=``/``tag=``, ``pipeline.SELECTORS``);
+    stops at the first system a signal stopped."""
+    import shlex
+
+    from minimodel.pipeline import variants
     from minimodel.stages.evaluate import run_evaluate
 
-    done = run_evaluate(cfg, progress=not args.no_progress)
-    print(done.path)
-    return done.stopped
+    # one of run's steps names its sweep entry word for word: that system alone (the loaded cfg)
+    picked = any(set(shlex.split(entry)) <= set(args.overrides) for entry in cfg.sweep)
+    vs = variants(args.config, args.overrides) if cfg.sweep and not picked else []
+    if len(vs) > 1:
+        log.info(f"evaluate: every system of {cfg.name}'s sweep ({', '.join(v.label for v in vs)}), "
+                 f"{cfg.evaluate.split} split; system= evaluates one")
+    for v in vs or [None]:
+        done = run_evaluate(cfg if v is None else v.cfg, progress=not args.no_progress)
+        print(done.path)
+        if done.stopped:
+            return done.stopped
+    return ""
 
 
 class StepFailed(RuntimeError):

@@ -144,8 +144,9 @@ class Results:
         target, step0 = self.target(task, lang), self.reference_step0(task, lang)
         if target is None or not uninformative_target(target, self.chance_bar(task, lang), step0):
             return None
-        named = (("majority class", self.baselines.get((task, lang))),
-                 ("input-blind predictor", self.chance.get((task, lang))), (f"{REFERENCE} at step 0", step0))
+        bar, majority = self.chance_bar(task, lang), self.baselines.get((task, lang))
+        chance = "majority class" if bar is not None and bar == majority else "input-blind predictor"
+        named = ((chance, bar), (f"{REFERENCE} at step 0", step0))
         why = [f"{name} {x:.1f}" for name, x in named if x is not None and uninformative_target(target, x, None)]
         return f"target {target:.1f} ≤ {' and '.join(why)}"
 
