@@ -263,8 +263,11 @@ def cmd_layers(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
 
 
 def cmd_export(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
-    from minimodel.export import export, push_to_hub
+    from minimodel.export import export, exported_system, push_to_hub
 
+    if cfg.sweep and not any(o.split("=", 1)[0].lstrip("+~") in ("system", "tag") for o in args.overrides):
+        log.info(f"export: no system= given: exporting {exported_system(cfg)}, the experiment's default system "
+                 f"(system=NAME exports another of its sweep)")
     out = export(cfg, Path(args.out), step=args.step, embeddings_only=args.embeddings_only,
                  embeddings_from=args.embeddings, force=args.force)
     if args.push_to_hub:
@@ -373,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
     args.overrides = [*args.overrides, *extra]
     logs.setup()
+    if args.no_progress:  # first: a library reads its switch when it is imported
+        logs.progress_bars_off()
     early: dict = {}  # the signal handlers catch_early replaced: put back when the command ends
     sigint = signal.getsignal(signal.SIGINT)  # put back too: Lightning ignores Ctrl-C after it stopped a stage
     try:
