@@ -79,11 +79,26 @@ def cmd_finetune(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
 
 
 def cmd_evaluate(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
+    """Step 4 for every system of the experiment's sweep, as ``run`` evaluates them (in any split:
+    ``evaluate.split=dev`` too), unless the command line picks one (``system=``/``tag=``, ``pipeline.SELECTORS``);
+    stops at the first system a signal stopped."""
+    import shlex
+
+    from minimodel.pipeline import variants
     from minimodel.stages.evaluate import run_evaluate
 
-    done = run_evaluate(cfg, progress=not args.no_progress)
-    print(done.path)
-    return done.stopped
+    # one of run's steps names its sweep entry word for word: that system alone (the loaded cfg)
+    picked = any(set(shlex.split(entry)) <= set(args.overrides) for entry in cfg.sweep)
+    vs = variants(args.config, args.overrides) if cfg.sweep and not picked else []
+    if len(vs) > 1:
+        log.info(f"evaluate: every system of {cfg.name}'s sweep ({', '.join(v.label for v in vs)}), "
+                 f"{cfg.evaluate.split} split; system= evaluates one")
+    for v in vs or [None]:
+        done = run_evaluate(cfg if v is None else v.cfg, progress=not args.no_progress)
+        print(done.path)
+        if done.stopped:
+            return done.stopped
+    return ""
 
 
 class StepFailed(RuntimeError):
@@ -248,8 +263,11 @@ def cmd_layers(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
 
 
 def cmd_export(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
-    from minimodel.export import export, push_to_hub
+    from minimodel.export import export, exported_system, push_to_hub
 
+    if cfg.sweep and not any(o.split("=", 1)[0].lstrip("+~") in ("system", "tag") for o in args.overrides):
+        log.info(f"export: no system= given: exporting {exported_system(cfg)}, the experiment's default system "
+                 f"(system=NAME exports another of its sweep)")
     out = export(cfg, Path(args.out), step=args.step, embeddings_only=args.embeddings_only,
                  embeddings_from=args.embeddings, force=args.force)
     if args.push_to_hub:
@@ -358,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
     args.overrides = [*args.overrides, *extra]
     logs.setup()
+    if args.no_progress:  # first: a library reads its switch when it is imported
+        logs.progress_bars_off()
     early: dict = {}  # the signal handlers catch_early replaced: put back when the command ends
     sigint = signal.getsignal(signal.SIGINT)  # put back too: Lightning ignores Ctrl-C after it stopped a stage
     try:

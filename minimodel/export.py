@@ -123,12 +123,20 @@ def export(cfg: ExperimentConfig, out: Path, step: int | None = None, embeddings
     replace = _check_out(out, force)
     with atomic.replacing_dir(out, replace=replace) as d:
         kind = _write(cfg, emb, d, embeddings_only)
+    system = exported_system(cfg)
     if embeddings_only:
-        log.info(f"{emb.adapted.lang} embeddings ({emb.provenance['vocab_size']} x {emb.provenance['hidden']}, "
-                 f"step {emb.adapted.step}) -> {out}")
+        log.info(f"{system}'s {emb.adapted.lang} embeddings ({emb.provenance['vocab_size']} x "
+                 f"{emb.provenance['hidden']}, step {emb.adapted.step}) -> {out}")
     else:
-        log.info(f"{kind} model, {emb.adapted.lang} embeddings of step {emb.adapted.step} -> {out}")
+        task = f" (task {cfg.task}, seed {cfg.seed})" if cfg.task else ""
+        log.info(f"{kind} model of {system}{task}, {emb.adapted.lang} embeddings of step {emb.adapted.step} -> {out}")
     return out
+
+
+def exported_system(cfg: ExperimentConfig) -> str:
+    """The system run an export of ``cfg`` comes from, as run directories and results name it (``minipost``,
+    ``minijoint-n6``)."""
+    return stage_plan(cfg, "adapt").runs.label
 
 
 def _write(cfg: ExperimentConfig, emb: Embeddings, out: Path, embeddings_only: bool) -> str:

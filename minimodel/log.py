@@ -1,8 +1,8 @@
 """minimodel's console messages: the ``minimodel`` logger, rank-zero filtered, one prefix.
 
 Modules call ``log = get_logger(__name__)`` and ``log.info(...)``. The command line calls
-``setup()`` once: messages go to stderr as ``[minimodel] ...``; processes other than rank 0 of a
-distributed run print warnings and errors only; Lightning's start-up banners and tips are silenced.
+``setup()`` once: messages go to stderr as ``HH:MM:SS [minimodel] ...`` (the local time first); processes other
+than rank 0 of a distributed run print warnings and errors only; Lightning's start-up banners and tips are silenced.
 Nothing here imports torch."""
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 PREFIX = "[minimodel]"
+TIME_FORMAT = "%H:%M:%S"  # the local time each line starts with: ``12:04:31 [minimodel] ...``
 _RANK_VARS = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "JSM_NAMESPACE_RANK")
+
+
+def stamp() -> str:
+    """The time a line written without ``logging`` starts with, as the logger's lines do."""
+    return time.strftime(TIME_FORMAT)
 
 
 def get_logger(name: str) -> logging.Logger:
@@ -59,7 +65,7 @@ def setup(level: int = logging.INFO) -> None:
     root = logging.getLogger("minimodel")
     if not any(getattr(h, "_minimodel", False) for h in root.handlers):
         handler = StderrHandler()
-        handler.setFormatter(logging.Formatter(f"{PREFIX}%(rank_tag)s %(message)s"))
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {PREFIX}%(rank_tag)s %(message)s", datefmt=TIME_FORMAT))
         handler.addFilter(RankZero())
         handler._minimodel = True  # type: ignore[attr-defined]
         root.addHandler(handler)
@@ -77,6 +83,56 @@ def quiet_lightning() -> None:
 
 
 PROGRESS_EVERY_S = 30.0
+BARS_ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+"""What ``--no-progress`` sets in the environment: tqdm reads TQDM_DISABLE when it is imported, the Hugging Face hub
+and datasets theirs when they are, and the processes this one starts (DDP ranks, ``run``'s steps) inherit them."""
+_bars_off = False
+
+
+def progress_bars_off() -> None:
+    """``--no-progress``: no progress bar from anything this process or its children load, minimodel's own (the
+    commands pass ``progress=False``) or a library's: the environment of ``BARS_ENV`` for what is not loaded yet, the
+    switches of huggingface_hub, transformers and datasets where they are, and the GGUF conversion's bar
+    (``quiet_gguf``: transformers draws it with a tqdm of its own, whatever its switch says)."""
+    global _bars_off
+    _bars_off = True
+    os.environ.update(BARS_ENV)
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+    if "transformers" in sys.modules:
+        import transformers.utils.logging
+
+        transformers.utils.logging.disable_progress_bar()
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+    quiet_gguf()
+
+
+def bars_off() -> bool:
+    """Whether ``progress_bars_off`` ran in this process."""
+    return _bars_off
+
+
+def quiet_gguf() -> None:
+    """After ``progress_bars_off``: the bar transformers draws while it converts a GGUF file's tensors ("Converting
+    and de-quantizing GGUF tensors...", ``tqdm.auto.tqdm`` imported before TQDM_DISABLE could count) drawn disabled.
+    Called before every GGUF read, and by ``progress_bars_off`` itself; nothing when the bars are on or transformers
+    is not loaded."""
+    if not _bars_off or "transformers" not in sys.modules:
+        return
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf
+    except ImportError:  # a transformers without GGUF support: no bar to quiet
+        return
+    if getattr(gguf.tqdm, "_minimodel_quiet", False):
+        return
+    bar = gguf.tqdm
+
+    def quiet(*args: Any, **kwargs: Any) -> Any:
+        return bar(*args, **{**kwargs, "disable": True})
+
+    quiet._minimodel_quiet = True  # type: ignore[attr-defined]
+    gguf.tqdm = quiet
 
 
 def bar_wanted(requested: bool, stream: Any = None) -> bool:

@@ -161,9 +161,11 @@ def _prepare(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path, pr
                             else "nothing yet")
         tok = _extended_tokenizer(cfg, lang, paths, own, corpus)
     elif paths.hf:
-        tok = HFTokenizer(paths.tokenizer, causal(cfg.model))
+        is_causal = causal(cfg.model)
+        tok = HFTokenizer(paths.tokenizer, is_causal)
+        mask = "" if is_causal else f", <mask> = {tok.specials.mask}"  # a causal LM masks nothing: no <mask> to name
         log.info(f"prepare {lang}: Hugging Face tokenizer {paths.tokenizer} ({tok.vocab_size} pieces, "
-                 f"{tok.convention} pieces, <mask> = {tok.specials.mask})")
+                 f"{tok.convention} pieces{mask})")
     else:
         tok = _own_tokenizer(cfg, lang, Path(paths.tokenizer), corpus, workers, stop)
         if tok is None or stop():

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import sentencepiece as spm
 
 from minimodel.errors import UserError
+from minimodel.log import quiet_gguf
 from minimodel.models.gguf import hf_source
 from minimodel.store import atomic
 
@@ -190,6 +191,7 @@ def _gguf_tokenizer(auto: Any, where: str, options: dict[str, Any]) -> Any:
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns)
     if key not in _GGUF_TOKENIZERS:
+        quiet_gguf()  # --no-progress: not the conversion's bar either
         _GGUF_TOKENIZERS[key] = auto.from_pretrained(where, **options)
     return _GGUF_TOKENIZERS[key]
 

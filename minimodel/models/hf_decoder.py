@@ -51,7 +51,7 @@ from torch import Tensor
 
 from minimodel.config.schema import PRIMARY, ModelConfig
 from minimodel.errors import CheckpointError
-from minimodel.log import get_logger
+from minimodel.log import get_logger, quiet_gguf
 from minimodel.models.decoder import DecoderLM
 from minimodel.models.decoder_task import task_to_hf  # noqa: F401  (minimodel export task=T: the family's task export)
 from minimodel.models.gguf import gguf_summary, hf_source
@@ -258,6 +258,7 @@ def from_hf(path: str | Path) -> DecoderLM:
     weights, more = ("", {}) if options else _weights(where)
     if options:
         log.info(f"{source}: {gguf_summary(where, options['gguf_file'])}; dequantised to float32")
+        quiet_gguf()  # --no-progress: not the conversion's bar either
     else:
         check_weights(weights, tf.AutoModelForCausalLM.from_config, hf_config, source)
     try:

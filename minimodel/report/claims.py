@@ -15,8 +15,9 @@ from functools import reduce
 from statistics import fmean as mean
 
 from minimodel.report.curves import Speedup
-from minimodel.report.formatting import fmt_speedup, no_interval
+from minimodel.report.formatting import NO_TARGET, fmt_speedup, no_interval
 from minimodel.report.intervals import bootstrap, only_pretrainings, seeds_of_system
+from minimodel.report.marks import counted, rested
 from minimodel.report.reading import REFERENCE, Results
 from minimodel.report.selection import restrict
 from minimodel.report.statistics import Interval
@@ -138,16 +139,12 @@ def speedup_verdict(iv: Interval, sp: Speedup) -> str:
     return verdict(iv, above=1.0)
 
 
-def rested(v: str, sp: Speedup, langs: Sequence[str]) -> str:
-    """A speedup's verdict over the languages it rests on (those reaching the target, ``sp.used``): *held* over fewer
-    than half of the languages that count is *exploratory*, never *held*."""
-    return "exploratory" if v == "held" and 2 * len(sp.used) < len(langs) else v
-
-
 def coverage(sp: Speedup, langs: Sequence[str]) -> str:
-    """Which languages a speedup averages, and why the others are not in it."""
-    parts = [f"{len(sp.used)}/{len(langs)} langs reach the target"]
-    parts += [f"{what}: {', '.join(ls)}" for what, ls in (("never", sp.excluded), ("at step 0", sp.undefined)) if ls]
+    """Which languages a speedup averages, of those that count (``marks.counted``), and why the others are not in
+    it."""
+    parts = [f"{len(sp.used)}/{len(counted(sp, langs))} langs reach the target"]
+    parts += [f"{what}: {', '.join(ls)}" for what, ls in (("never", sp.excluded), ("at step 0", sp.undefined),
+                                                          (f"target {NO_TARGET}", sp.no_target)) if ls]
     return f" ({'; '.join(parts)})"
 
 

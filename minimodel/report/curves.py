@@ -54,8 +54,9 @@ def time_to_target(xs: Sequence[float], scores: Sequence[float], target: float) 
 
 
 def uninformative_target(target: float, baseline: float | None, ref_step0: float | None) -> bool:
-    """The target is at or below the majority-class baseline or the reference's step-0 score (the unadapted
-    embeddings): reaching it means nothing, so it is left out of speedups and of averages of days."""
+    """The target is at or below the chance bar (``baseline``: the better of the majority class and the input-blind
+    predictor, ``Results.chance_bar``) or the reference's step-0 score (the unadapted embeddings): reaching it means
+    nothing, so it is left out of speedups and of averages of days."""
     tol = 1e-9 * max(1.0, abs(target))
     return any(b is not None and target <= b + tol for b in (baseline, ref_step0))
 

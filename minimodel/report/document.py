@@ -12,6 +12,7 @@ from minimodel.report.claims import claims_table
 from minimodel.report.figures import plot_curves
 from minimodel.report.formatting import (
     BELOW,
+    FELL_BACK,
     LOWERED,
     MISSING,
     NO_TARGET,
@@ -19,10 +20,9 @@ from minimodel.report.formatting import (
     fmt_score,
     mean_or_none,
     speedup_cell,
-    speedup_interval,
 )
 from minimodel.report.intervals import BOOTSTRAP_REPS, seeds_of_system, time_to_target_interval
-from minimodel.report.marks import GATE_RULE, claims_gate, flagged_all, flagged_targets, unchecked
+from minimodel.report.marks import GATE_RULE, claims_gate, flagged_all, flagged_targets, speedup_text, unchecked
 from minimodel.report.perplexity_claims import perplexity_claims
 from minimodel.report.reading import NEAR_MAX, REFERENCE, Results, inverse_perplexity, load_results
 from minimodel.report.selection import Checked, DevChecks, apply_checks, restrict
@@ -55,11 +55,15 @@ INTERVAL_RULE = (f"An interval is given only when its estimate is defined and at
 MARKS = (f"{BELOW}: the mean score does not beat the majority-class baseline (always the most frequent training "
          f"label); {SEED_BELOW}: the mean does, but at least one seed does not; {LOWERED}: below the system's own "
          f"step-0 score (before adaptation: adaptation lowered it); {NO_TARGET} (target row): the target is at or "
-         f"below the majority-class baseline or {REFERENCE}'s step-0 score, so reaching it means nothing: that language "
-         "is left out of speedups and averages of days.")
+         f"below the chance bar (the better of the majority-class baseline and the best input-blind predictor) or "
+         f"{REFERENCE}'s step-0 score, so reaching it means nothing: that language is left out of speedups and "
+         "averages of days.")
 CLAIMS_RULE = (f"The claims are read on a task only when the systems clearly beat chance there: {GATE_RULE}. A "
                "speedup rests on the languages that reach the target (*languages* names them): *held* over fewer than "
-               "half of the languages that count is reported as *exploratory*, never *held*.")
+               "half of the languages that count is reported as *exploratory*, never *held*. The speedup table and the "
+               "console summary read every speedup by the same rule and in the same words, and say *no answer on "
+               f"this task* where the claims are not read; {FELL_BACK} marks a speedup resting on a language where "
+               "the system falls back below the target later.")
 
 
 def pretraining_note(res: Results) -> str:
@@ -276,7 +280,8 @@ def summary_text(res: Results) -> str:
     if not res.curves:
         return "no results"
     has_ref = any(s == REFERENCE for s, _, _ in res.curves)
-    lines = [f"{'task':<10} {'system':<16} {'final':>7}{'':<6} {'days to 95%':>12} {'speedup':>9}  95% interval"]
+    lines = [f"{'task':<10} {'system':<16} {'final':>7}{'':<6} {'days to 95%':>12} {'speedup':>9}  (langs it rests on) "
+             "95% interval: reading"]
     unaveraged: list[str] = []
     for task in res.tasks:
         langs = res.langs(task)
@@ -288,9 +293,12 @@ def summary_text(res: Results) -> str:
             when, why = days_average(res, system, task) if has_ref else (MISSING, "")
             if why:
                 unaveraged.append(f"{system} / {task} ({why})")
-            sp = MISSING if system == REFERENCE or not has_ref else speedup_cell(system_speedup(res, system, task))
-            ci = time_to_target_interval(res, system, task) if has_ref and system != REFERENCE else None
-            extra = "" if ci is None else f"  {speedup_interval(ci)}"
+            sp, extra = MISSING, ""
+            if has_ref and system != REFERENCE:  # the speedup as the report's table writes it (marks.speedup_text)
+                speedup = system_speedup(res, system, task)
+                ci = time_to_target_interval(res, system, task)
+                sp = speedup_cell(speedup)
+                extra = "  " + speedup_text(res, system, task, speedup, ci)[len(sp):].strip()
             spread = res.average_stat(system, task)
             spread_text = f" ±{spread.std:.1f}" if spread is not None and spread.n > 1 and not math.isnan(spread.std) else ""
             lines.append(f"{task:<10} {system:<16} {fmt_score(score):>7}{spread_text:<6} {when:>12} {sp:>9}{extra}")

@@ -17,7 +17,8 @@ MISSING = "—"
 BELOW = "▼"  # a final score that does not beat the majority-class baseline
 SEED_BELOW = "▽"  # a final score whose mean beats the majority-class baseline but one of whose seeds does not
 LOWERED = "↓"  # a final score below the system's own step-0 score: adaptation lowered it
-NO_TARGET = "⊘"  # a target at or below the majority-class baseline or BL_BASE's step-0 score: reaching it means nothing
+NO_TARGET = "⊘"  # a target at or below the chance bar or BL_BASE's step-0 score: reaching it means nothing
+FELL_BACK = "⤵"  # a speedup resting on a language where the system falls back below the target later
 AT_STEP0 = "at step 0"  # a target met before any adaptation
 
 

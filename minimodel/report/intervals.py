@@ -42,7 +42,8 @@ def resample(res: Results, draws: Mapping[str, Sequence[Seeds]], curves: dict | 
     """``res`` as if the seeds of each system were ``draws[system]`` (repeats allowed: a bootstrap resample);
     systems not in ``draws`` keep their seeds. Curves are the averages over the drawn seeds; ``curves`` keeps them
     across resamples (``mean_curve`` depends on the drawn seeds as a multiset: its sums are correctly rounded)."""
-    out = Results(metrics=res.metrics, baselines=res.baselines, n_rows=res.n_rows, split=res.split)
+    out = Results(metrics=res.metrics, baselines=res.baselines, chance=res.chance, n_rows=res.n_rows,
+                  split=res.split)
     for key, seeds in res.by_seed.items():
         if key[0] not in draws:  # not resampled: its curves as they are (the same mean: fsum does not depend on order)
             out.by_seed[key], out.curves[key] = seeds, res.curves[key]
@@ -136,7 +137,7 @@ def time_to_target_interval(res: Results, system: str, task: str, reps: int = BO
             if not ref_curve or not my_curve:
                 return math.nan, math.nan
             target = NEAR_MAX * ref_curve[-1].score
-            if uninformative_target(target, res.baselines.get((task, lang)),
+            if uninformative_target(target, res.chance_bar(task, lang),
                                     ref_curve[0].score if ref_curve[0].step == 0 else None):
                 no_target.add(lang)
             ref_days[lang] = time_to_target([p.days for p in ref_curve], [p.score for p in ref_curve], target)

@@ -4,7 +4,20 @@ baseline (⊘), and whether the paper's claims can be read on a task at all. Not
 
 from __future__ import annotations
 
-from minimodel.report.formatting import BELOW, LOWERED, NO_TARGET, SEED_BELOW
+from collections.abc import Sequence
+
+from minimodel.report.curves import Speedup
+from minimodel.report.formatting import (
+    BELOW,
+    FELL_BACK,
+    LOWERED,
+    NO_TARGET,
+    SEED_BELOW,
+    speedup_cell,
+    speedup_interval,
+    speedup_verdict,
+)
+from minimodel.report.intervals import TimeToTarget
 from minimodel.report.reading import REFERENCE, Results
 
 CLAIMS_MARGIN = 2.0  # points of the main metric by which BL_BASE's mean final score must beat the majority class
@@ -59,8 +72,7 @@ def gate_baseline(res: Results, task: str, lang: str) -> float | None:
     """The score BL_BASE must beat clearly in ``res``'s metric for the claims to be read: the better of the majority
     class and the best input-blind predictor (``task_metrics.chance_scores``: a constant label or labels drawn at the
     training frequencies), where known."""
-    known = [b for b in (res.baselines.get((task, lang)), res.chance.get((task, lang))) if b is not None]
-    return max(known) if known else None
+    return res.chance_bar(task, lang)
 
 
 GATE_RULE = (f"in every language and in every metric shown, {REFERENCE}'s final score beats the better of the "
@@ -95,3 +107,54 @@ def unchecked(res: Results, task: str) -> list[str]:
     """The languages of ``task`` where the claims gate could not be checked (no baseline or no BL_BASE score)."""
     return [lang for lang in res.langs(task)
             if res.baselines.get((task, lang)) is None or res.final(REFERENCE, task, lang) is None]
+
+
+NO_ANSWER = "no answer on this task"
+"""A speedup's word on a task where the claims gate fails (``claims_gate``): the task's verdict says the same."""
+
+
+def counted(sp: Speedup, langs: Sequence[str]) -> list[str]:
+    """The languages that count for a speedup: the task's languages whose target is not ⊘."""
+    return [lang for lang in langs if lang not in sp.no_target]
+
+
+def rested(v: str, sp: Speedup, langs: Sequence[str]) -> str:
+    """A speedup's verdict over the languages it rests on (those reaching the target, ``sp.used``): *held* over fewer
+    than half of the languages that count (``counted``) is *exploratory*, never *held*. The claims table, the speedup
+    table, the verdict and the console summary all read a speedup by this rule."""
+    return "exploratory" if v == "held" and 2 * len(sp.used) < len(counted(sp, langs)) else v
+
+
+WORDS = {"faster": "held", "slower": "not held", "inconclusive (interval spans 1)": "inconclusive"}
+"""``formatting.speedup_verdict``'s reading of a speedup interval, in the claims table's words."""
+
+
+def speedup_word(res: Results, system: str, task: str, sp: Speedup, tt: TimeToTarget | None) -> str:
+    """The word a speedup carries wherever it is shown, the claims table's: *no answer on this task* where the claims
+    gate fails there (the verdict's "no answer"), else *held* / *not held* / *inconclusive* from its interval
+    (above, below or spanning 1), *held* over fewer than half of the languages that count being *exploratory*;
+    why there is no interval otherwise."""
+    if claims_gate(res, task):
+        return NO_ANSWER
+    v = speedup_verdict(tt)
+    return rested(WORDS.get(v, v), sp, res.langs(task))
+
+
+def falling_back(res: Results, system: str, task: str, sp: Speedup) -> list[str]:
+    """The languages a speedup rests on (``sp.used``) where ``system`` falls back below the target later."""
+    return [lang for lang in sp.used if res.falls_back(system, task, lang)]
+
+
+def speedup_text(res: Results, system: str, task: str, sp: Speedup, tt: TimeToTarget | None) -> str:
+    """A speedup as the report's table and the console summary both write it: the mean, the languages it rests on of
+    those that count (``(1/3 langs)``), the interval and ``speedup_word``, then ⤵ naming the languages where the
+    system falls back below the target later: ``1.86× (1/3 langs) [1.15×, 2.98×]: no answer on this task``."""
+    langs = counted(sp, res.langs(task))
+    text = speedup_cell(sp) + (f" ({len(sp.used)}/{len(langs)} langs)" if sp.used else "")
+    word, interval = speedup_word(res, system, task, sp, tt), speedup_interval(tt)
+    if interval.startswith("("):  # no interval: why, and that the task has no answer where it has none
+        text += f" ({interval[1:-1]}" + (f"; {NO_ANSWER})" if word == NO_ANSWER else ")")
+    else:
+        text += f" {interval.rsplit(': ', 1)[0]}: {word}"
+    back = falling_back(res, system, task, sp)
+    return text + (f" {FELL_BACK} falls back below the target later in {', '.join(back)}" if back else "")

@@ -130,15 +130,35 @@ class Results:
         curve = self.curves.get((REFERENCE, task, lang))
         return curve[0].score if curve and curve[0].step == 0 else None
 
+    def chance_bar(self, task: str, lang: str) -> float | None:
+        """The one chance bar of every mark and of the claims gate: the better of the majority class and the best
+        input-blind predictor (``chance``: a constant label or labels drawn at the training frequencies), where
+        known (None: neither is)."""
+        known = [b for b in (self.baselines.get((task, lang)), self.chance.get((task, lang))) if b is not None]
+        return max(known) if known else None
+
     def target_flag(self, task: str, lang: str) -> str | None:
-        """Why the target of ``lang`` is uninformative (at or below the majority-class baseline or BL_BASE's step-0
-        score, ``curves.uninformative_target``: reaching it means nothing), or None when it is not."""
-        target, base, step0 = self.target(task, lang), self.baselines.get((task, lang)), self.reference_step0(task, lang)
-        if target is None or not uninformative_target(target, base, step0):
+        """Why the target of ``lang`` is uninformative (at or below the chance bar, ``chance_bar``: the better of the
+        majority class and the input-blind predictor, or BL_BASE's step-0 score, ``curves.uninformative_target``:
+        reaching it means nothing), or None when it is not."""
+        target, step0 = self.target(task, lang), self.reference_step0(task, lang)
+        if target is None or not uninformative_target(target, self.chance_bar(task, lang), step0):
             return None
-        why = [f"{name} {x:.1f}" for name, x in (("majority class", base), (f"{REFERENCE} at step 0", step0))
-               if x is not None and uninformative_target(target, x, None)]
+        bar, majority = self.chance_bar(task, lang), self.baselines.get((task, lang))
+        chance = "majority class" if bar is not None and bar == majority else "input-blind predictor"
+        named = ((chance, bar), (f"{REFERENCE} at step 0", step0))
+        why = [f"{name} {x:.1f}" for name, x in named if x is not None and uninformative_target(target, x, None)]
         return f"target {target:.1f} ≤ {' and '.join(why)}"
+
+    def falls_back(self, system: str, task: str, lang: str) -> bool:
+        """``system``'s seed-averaged curve reaches the target after some adaptation and falls back below it at a
+        later checkpoint: its time to target is that of a score it does not keep."""
+        target, curve = self.target(task, lang), self.curves.get((system, task, lang))
+        if target is None or not curve:
+            return False
+        tol = 1e-9 * max(1.0, abs(target))
+        first = next((i for i, p in enumerate(curve) if p.score >= target - tol), None)
+        return first is not None and any(p.score < target - tol for p in curve[first + 1:])
 
     def final_stat(self, system: str, task: str, lang: str) -> Stat | None:
         """The final score over seeds (mean, std, n), at the last step of the seed-averaged curve."""

@@ -23,12 +23,10 @@ from minimodel.report.formatting import (
     fmt_stat,
     markdown_table,
     mean_or_none,
-    speedup_cell,
-    speedup_interval,
     task_title,
 )
 from minimodel.report.intervals import time_to_target_interval
-from minimodel.report.marks import score_marks, target_mark
+from minimodel.report.marks import score_marks, speedup_text, target_mark
 from minimodel.report.reading import NEAR_MAX, REFERENCE, SWEEP, Results, sort_systems
 from minimodel.report.statistics import Stat
 
@@ -180,8 +178,7 @@ def table_speedup(res: Results) -> str | None:
         for task in res.tasks:
             sp = system_speedup(res, system, task)
             ci = time_to_target_interval(res, system, task)
-            cells.append(speedup_cell(sp) + (f" ({len(sp.used)}/{len(res.langs(task))} langs)" if sp.used else "")
-                         + f" {speedup_interval(ci)}")
+            cells.append(speedup_text(res, system, task, sp, ci))
             if sp.excluded:
                 notes.append(f"{system} / {task}: {len(sp.excluded)} language(s) excluded (∞: the target is never "
                              f"reached by one side): {', '.join(sp.excluded)}")

@@ -5,8 +5,8 @@ section and the console summary print them. Nothing here imports torch."""
 from __future__ import annotations
 
 from minimodel.report.curves import Speedup
-from minimodel.report.formatting import NO_TARGET
-from minimodel.report.marks import claims_gate
+from minimodel.report.formatting import FELL_BACK, NO_TARGET
+from minimodel.report.marks import claims_gate, falling_back
 from minimodel.report.reading import REFERENCE, Results
 from minimodel.report.tables import system_speedup
 
@@ -33,6 +33,9 @@ def system_verdict(res: Results, system: str, task: str) -> str:
         parts.append(f"never reached it in {', '.join(never)}")
     if sp.undefined:
         parts.append(f"reached it before any update in {', '.join(sp.undefined)} (no speedup)")
+    back = falling_back(res, system, task, sp)
+    if back:
+        parts.append(f"{FELL_BACK} fell back below it later in {', '.join(back)}")
     if not parts:
         return f"{system}: no answer (no language where both it and {REFERENCE} reach the target)"
     # yes: with less compute in at least half of the languages that count; exploratory: in fewer; no: in none

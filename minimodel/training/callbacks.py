@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from minimodel import signals
 from minimodel.errors import REQUEUE_EXIT
 from minimodel.flops import FlopSchedule, v100_days
-from minimodel.log import PREFIX, PROGRESS_EVERY_S, clock_time, get_logger
+from minimodel.log import PREFIX, PROGRESS_EVERY_S, clock_time, get_logger, stamp
 from minimodel.store.atomic import link_or_copy
 from minimodel.store.checkpoints import rng_state, set_rng_state
 from minimodel.store.layout import LAST
@@ -96,7 +96,7 @@ class ScheduledCheckpoints(Callback):
         self.stop_requested = signal.Signals(signum).name
         self.signalled = True
         if signum == signal.SIGINT:  # os.write: no logging lock inside a signal handler
-            os.write(2, f"{PREFIX} Ctrl-C: stopping after this update, with a checkpoint (exit {REQUEUE_EXIT}; "
+            os.write(2, f"{stamp()} {PREFIX} Ctrl-C: stopping after this update, with a checkpoint (exit {REQUEUE_EXIT}; "
                         f"rerun to resume); Ctrl-C again stops at once\n".encode())
 
     def save(self, trainer: L.Trainer, pl_module: L.LightningModule, export: bool = True) -> None:
