@@ -3,6 +3,7 @@ checked at load, advice that works when followed, and the smaller items (docs/ba
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -107,3 +108,105 @@ def test_export_out_refuses_what_it_did_not_write(tmp_path):
         _check_out(d, force=False)
     with pytest.raises(ConfigError, match="not a minimodel export"):
         _check_out(d, force=True)
+
+
+# ------------------------------------------------------------------------------------------ part 4: cluster, CPU
+
+MINIJOINT = str(ROOT / "experiments" / "minijoint.yaml")
+OVERRIDES = ["target_langs=[de,tr]", "finetune.tasks=[xnli]", "finetune.seeds=[1]"]
+
+
+@pytest.mark.parametrize("text,key", [
+    ('partition: "gpu\\n#SBATCH --partition=other"\n', "partition="),
+    ('account: "lab\\r"\n', "account="),
+    ('extra_sbatch: ["--mail-type=FAIL\\n--x"]\n', "extra_sbatch[0]="),
+    ('trainer: ["precision=16-mixed\\u0000"]\n', "trainer[0]="),
+    ('stages:\n  pretrain: {time: "24:00:00", mem: "64G\\n"}\n', "stages.pretrain.mem="),
+    ('stages:\n  adapt: {time: "01:00:00", constraint: "a100\\tb"}\n', "stages.adapt.constraint="),
+    ('setup: "module load x\\r\\nsource env"\n', "setup holds the control character '\\r'"),
+])
+def test_a_launcher_value_with_a_line_break_is_refused_at_load(tmp_path, capsys, text, key):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert main(["submit", MINIJOINT, *OVERRIDES, f"runs_dir={tmp_path / 'runs'}", "--launcher", str(path),
+                 "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert len(error_lines(err)) == 1 and str(path) in err and key in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*.sbatch"))
+
+
+def test_setup_keeps_its_line_breaks(tmp_path):
+    from minimodel.cluster.launcher import load_launcher
+
+    path = tmp_path / "ok.yaml"
+    path.write_text('setup: "module load x\\n\\tsource env"\n')
+    assert load_launcher(path).setup == "module load x\n\tsource env"
+
+
+def test_an_sbatch_line_never_holds_a_line_break(tmp_path):
+    """Belt and braces: a launcher made in code (not loaded) with a line break is refused when its script is
+    written, before any #SBATCH line could end early."""
+    from minimodel.cluster.launcher import LauncherConfig
+    from minimodel.cluster.sbatch import SubmitError, sbatch_script
+    from minimodel.pipeline import plan
+
+    step = next(s for s in plan(MINIJOINT, OVERRIDES) if s.stage == "pretrain")
+    with pytest.raises(SubmitError, match=r"control character '\\n'.*--signal and --requeue"):
+        sbatch_script(step, LauncherConfig(partition="gpu\nx"), tmp_path / "paper")
+    assert "#SBATCH --requeue" in sbatch_script(step, LauncherConfig(partition="gpu"), tmp_path / "paper")
+
+
+@pytest.mark.parametrize("value,seconds", [
+    ("30:00", 1800), ("90:00", 5400), ("04:00:00", 14400), ("48:00:00", 172800), ("2-00", 172800),
+    ("1-12:30", 131400), ("1-00:00:01", 86401), ("0-00:01:00", 60),
+])
+def test_slurm_times_are_parsed_in_every_format(value, seconds):
+    from minimodel.cluster.launcher import parse_time
+
+    assert parse_time(value) == seconds
+
+
+@pytest.mark.parametrize("value,why", [
+    ("99-99:99:99", "hours must be 0-23"), ("1-24:00", "hours must be 0-23"), ("10:60", "seconds must be 0-59"),
+    ("01:61:00", "minutes and seconds must be 0-59"), ("86400", "a bare number"), ("00:00:00", "time limit of 0"),
+    ("400-00:00:00", "more than 365 days"), ("1:2:3:4", "not one of SLURM's formats"), ("2 days", "not one of"),
+    ("-1:00", "not one of"), ("１２:00:00", "not one of"),
+])
+def test_a_time_out_of_its_range_is_refused_naming_key_and_value(tmp_path, value, why):
+    from minimodel.cluster.launcher import LauncherConfigError, load_launcher
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(f'stages:\n  pretrain: {{time: "{value}"}}\n')
+    with pytest.raises(LauncherConfigError, match=re.escape(f"{path}: stages.pretrain.time") + ".*" + re.escape(why)):
+        load_launcher(path)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("cpu.threads=-1", "cpu.threads"), ("cpu.threads=1000000000", "cpu.threads"),
+    ("cpu.side_by_side=0", "cpu.side_by_side"), ("cpu.side_by_side=-2", "cpu.side_by_side"),
+    ("cpu.side_by_side=1000000000", "cpu.side_by_side"), ("data.encode_threads=1000000000", "data.encode_threads"),
+    ("adapt.focus.threads=1000000000", "adapt.focus.threads"),
+])
+def test_thread_counts_are_bounded_at_load_naming_the_key(override, key):
+    from minimodel.config.checks import max_threads
+    from minimodel.errors import ConfigError
+    from minimodel.experiment import load_experiment
+
+    with pytest.raises(ConfigError, match=re.escape(f"tiny.yaml: {key} must be") + f".*at most {max_threads():,}"):
+        load_experiment(ROOT / "experiments" / "tiny.yaml", [override])
+
+
+def test_sane_thread_counts_load():
+    from minimodel.config.checks import max_threads
+    from minimodel.experiment import load_experiment
+
+    assert max_threads() >= 64
+    cfg = load_experiment(ROOT / "experiments" / "tiny.yaml", ["cpu.threads=0", "cpu.side_by_side=2",
+                                                               f"data.encode_threads={max_threads()}"])
+    assert (cfg.cpu.threads, cfg.cpu.side_by_side) == (0, 2)
+
+
+def test_the_cli_refuses_absurd_threads_before_torch_is_asked(tmp_path, capsys):
+    assert report(demo_runs(tmp_path), "cpu.threads=1000000000") == 2
+    err = capsys.readouterr().err
+    assert len(error_lines(err)) == 1 and "cpu.threads must be" in err and "Traceback" not in err
