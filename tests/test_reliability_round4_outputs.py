@@ -210,3 +210,57 @@ def test_the_cli_refuses_absurd_threads_before_torch_is_asked(tmp_path, capsys):
     assert report(demo_runs(tmp_path), "cpu.threads=1000000000") == 2
     err = capsys.readouterr().err
     assert len(error_lines(err)) == 1 and "cpu.threads must be" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------------------ part 5: advice that works
+
+
+def test_the_advice_for_a_cut_final_checkpoint_works_when_followed(tmp_path, prepared, corpus_dir, capsys):
+    """A finished pretraining's last.ckpt cut short: adapt said "delete it to fall back to an earlier one", then,
+    deleted, "checkpoint not found" with no advice. Now both messages say to rerun `minimodel pretrain` (which rebuilds
+    it exactly), and doing what they say ends in a finished adaptation."""
+    import json
+
+    from tests.test_reliability import overrides
+
+    exp = str(ROOT / "experiments" / "tiny.yaml")
+    args = [*overrides(tmp_path, prepared, corpus_dir, "pretrain.optim.updates=8", "adapt.optim.updates=4"),
+            "logging.wandb=disabled", "--no-progress"]
+    assert main(["pretrain", exp, *args]) == 0
+    ckpts = tmp_path / "tiny" / "minijoint" / "pretrain" / "checkpoints"
+    last = ckpts / "last.ckpt"
+    done = json.loads((last.parent.parent / "done.json").read_text())
+    with open(last, "r+b") as f:  # cut short in place (and its hard-linked final step file)
+        f.truncate(done["checkpoint_bytes"] // 2)
+    capsys.readouterr()
+
+    assert main(["adapt", exp, *args, "lang=de"]) == 2
+    err = capsys.readouterr().err
+    assert len(error_lines(err)) == 1 and "fall back to an earlier one" not in err
+    assert f"delete {last} and rerun `minimodel pretrain ...`" in err and "rebuilds last.ckpt" in err
+    last.unlink()  # the advice, part 1
+    assert main(["adapt", exp, *args, "lang=de"]) == 2  # (a user who reruns adapt first: told what to do again)
+    err = capsys.readouterr().err
+    assert f"{last} is the final checkpoint of a finished pretrain run" in err and "rerun `minimodel pretrain" in err
+    assert "delete" not in err.split("error:")[1]
+    assert main(["pretrain", exp, *args]) == 0  # the advice, part 2
+    assert json.loads((last.parent.parent / "done.json").read_text())["identity"] == done["identity"]
+    assert main(["adapt", exp, *args, "lang=de"]) == 0  # then this step
+    assert (tmp_path / "tiny" / "minijoint" / "adapt" / "de" / "done.json").is_file()
+
+
+@pytest.mark.parametrize("name,content", [("README.md", b"# my model\nnotes\n"), ("model.GGUF", b"GGUF\x03\x00junk"),
+                                          ("weights.ckpt", b"\x00" * 64)])
+def test_a_bridge_source_that_is_not_a_checkpoint_is_never_to_be_deleted(tmp_path, name, content):
+    from minimodel.stages.bridge import load_primary
+    from minimodel.store.checkpoints import CheckpointError
+
+    source = tmp_path / name
+    source.write_bytes(content)
+    with pytest.raises(CheckpointError) as e:
+        load_primary(str(source))
+    msg = str(e.value)
+    assert msg.startswith(f"bridge.source={source}: not a model minimodel can read")
+    assert "delete" not in msg and "fall back" not in msg and f"{name} was left as it is" in msg
+    assert ("rename it to model.gguf" in msg) == (name == "model.GGUF")
+    assert source.read_bytes() == content
