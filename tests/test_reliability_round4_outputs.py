@@ -91,6 +91,7 @@ def test_a_new_report_does_not_write_its_plots_over_files_already_there(tmp_path
     assert report(runs, "--out", str(out), "--force") == 0
     assert mine.read_bytes() != b"my own figure" and out.is_file()
     assert report(runs, "--out", str(out)) == 0  # now an earlier report's plots: replaced
+    assert report(runs, "--out", str(out.parent / "other.md")) == 0  # a second report beside it: its plots too
 
 
 def test_export_out_refuses_what_it_did_not_write(tmp_path):

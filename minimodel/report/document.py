@@ -11,7 +11,7 @@ from typing import Any
 from minimodel.errors import ConfigError
 from minimodel.log import get_logger
 from minimodel.report.claims import claims_table
-from minimodel.report.figures import plot_curves, plot_path
+from minimodel.report.figures import is_plot, plot_curves, plot_path
 from minimodel.report.formatting import (
     BELOW,
     LOWERED,
@@ -286,12 +286,13 @@ def check_report_out(out: Path, force: bool) -> bool:
 
 
 def check_plots_out(plots: Path, pngs: list[Path], out: Path) -> None:
-    """Refuse to write the plots of a new report (``out``, chosen by ``--out``) over files already there: they
-    belong to no report this command wrote (``--force`` replaces them)."""
+    """Refuse to write the plots of a new report (``out``, chosen by ``--out``) over files already there that no
+    report wrote (``figures.is_plot``: another report's plots in the same folder are replaced; ``--force`` replaces
+    anything)."""
     if plots.exists() and not plots.is_dir():
         raise ConfigError(f"{plots} is a file, where the report {out} puts its plots: not overwriting it; choose "
                           f"another --out, or move the file")
-    taken = [p for p in pngs if p.exists() or p.is_symlink()]
+    taken = [p for p in pngs if (p.exists() or p.is_symlink()) and not (p.is_file() and is_plot(p))]
     if taken:
         raise ConfigError(f"{taken[0]} exists, where the new report {out} would write its plot, and no report "
                           f"minimodel wrote is at {out}: not overwriting it; choose another --out (another folder), "
