@@ -216,7 +216,7 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     path = write_report(cfg.runs_dir, cfg.name, out=Path(args.out) if args.out else None, baselines=baselines,
                         depths=mini_depths(infos), variants=infos, main_metrics=main_metrics,
                         split=cfg.evaluate.split, checks=checks, inits=init_twins(vs),
-                        family=families.of(cfg.model), systems=cfg.report.systems)
+                        family=families.of(cfg.model), systems=cfg.report.systems, force=args.force)
     print(summary(cfg.runs_dir, cfg.name, baselines=baselines, main_metrics=main_metrics, split=cfg.evaluate.split,
                   checks=checks, systems=cfg.report.systems))
     print(f"report: {path}")
@@ -311,7 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="with models_from: adapt the target languages the reused experiment lacks into it")
         if name == "report":
             s.add_argument("--out", default="", help="where to write the report (default runs_dir/NAME/report.md); "
-                                                     "its plots go to plots/ beside it")
+                                                     "its plots go to plots/ beside it); an existing file "
+                                                     "is replaced only when it is a report minimodel wrote")
+            s.add_argument("--force", action="store_true", help="replace --out (and its plots) whatever it holds")
         if name == "layers":
             s.add_argument("--json", default="", help="also write the rows to this (new) JSON file")
         if name in ("submit", "plan"):

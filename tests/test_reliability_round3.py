@@ -282,8 +282,9 @@ def test_a_finished_prepare_is_checked_against_what_is_on_disk(prepared, corpus_
 
 def test_a_finished_pretraining_whose_final_checkpoint_is_damaged_is_rebuilt_the_same(tmp_path, prepared, corpus_dir):
     """last.ckpt of a finished pretraining cut short (and so its hard-linked step file): the consumer's message says
-    to delete it; doing so, or not, and rerunning the stage rebuilds it from the newest intact checkpoint, exactly
-    (the same identity); before, pretrain said "complete; skipping" and adapt "checkpoint not found"."""
+    to delete it and rerun the stage (issue 54: it said "to fall back to an earlier one"); doing so, or not, and
+    rerunning the stage rebuilds it from the newest intact checkpoint, exactly (the same identity); before, pretrain
+    said "complete; skipping" and adapt "checkpoint not found"."""
     from minimodel.stages.bridge import load_primary
     from minimodel.store.checkpoints import CheckpointError
     from tests.conftest import ROOT
@@ -300,8 +301,9 @@ def test_a_finished_pretraining_whose_final_checkpoint_is_damaged_is_rebuilt_the
 
     with open(ckpts / "last.ckpt", "r+b") as f:  # cut short in place: both names
         f.truncate(done["checkpoint_bytes"] // 2)
-    with pytest.raises(CheckpointError, match=r"truncated or corrupt .*delete it to fall back to an earlier one"):
-        load_primary(str(ckpts / "last.ckpt"))
+    with pytest.raises(CheckpointError, match=r"truncated or corrupt .*finished pretrain run \(minimodel wrote it\): "
+                                              r"delete .*last.ckpt and rerun `minimodel pretrain"):
+        load_primary(str(ckpts / "last.ckpt"), stage="pretrain")
     out = run_to_end("pretrain", exp, *args)
     assert "finished, but its final checkpoint" in out and "cut short or replaced" in out and "rebuilding it" in out
     assert "resuming from the newest intact checkpoint" in out and "step0000004.ckpt" in out
@@ -313,7 +315,7 @@ def test_a_finished_pretraining_whose_final_checkpoint_is_damaged_is_rebuilt_the
     assert f"its final checkpoint {ckpts / 'last.ckpt'} is missing" in out
     assert json.loads((run / "done.json").read_text())["identity"] == done["identity"]
     assert "is complete; skipping" in run_to_end("pretrain", exp, *args)
-    load_primary(str(ckpts / "last.ckpt"))
+    load_primary(str(ckpts / "last.ckpt"), stage="pretrain")
 
 
 def test_rows_record_their_evaluation_data_and_changed_data_is_evaluated_again(tiny_finetuned, tmp_path, capsys):

@@ -10,6 +10,7 @@ nodes, GPUs per node, CPUs per task and memory. Edit or copy them for your clust
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -31,7 +32,53 @@ from minimodel.pipeline import variants
 
 TRAINING_STAGES = ("pretrain", "bridge", "adapt")  # may span several GPUs / nodes (srun + DDP)
 TRAINER_STAGES = ("pretrain", "bridge", "adapt", "finetune")  # stages with a `{stage}.trainer` config
-_TIME = re.compile(r"^(\d+-\d{1,2}(:\d{2}){0,2}|\d+:\d{2}(:\d{2})?)$")  # D-HH[:MM[:SS]] | [HH:]MM:SS
+MAX_TIME_DAYS = 365  # a time limit beyond a year is a typo (SLURM itself stores minutes in 32 bits)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a line break ends an #SBATCH line: what follows is no longer read
+
+
+def parse_time(value: str) -> int:
+    """The seconds of a SLURM time limit, in SLURM's formats: MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (a bare
+    number of minutes is refused: YAML reads an unquoted 24:00:00 as 86400, which SLURM would take for 60 days).
+    Each field within its range (seconds and minutes below 60, hours below 24 after a day; minutes of MM:SS and hours
+    of HH:MM:SS may be larger), the whole above 0 and at most ``MAX_TIME_DAYS``. ``ValueError`` says what is wrong."""
+    v = value.strip()
+    days, dash, rest = v.partition("-")
+    if not dash:
+        days, rest = "0", v
+    parts = rest.split(":")
+    if not all(p.isascii() and p.isdigit() for p in [days, *parts]) or not 1 <= len(parts) <= 3:
+        raise ValueError("not one of SLURM's formats MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS")
+    if not dash and len(parts) == 1:
+        raise ValueError("a bare number, which SLURM reads as minutes, and YAML makes of an unquoted 24:00:00 "
+                         "(86400): write it as a quoted 'HH:MM:SS' (or 'MM:SS', 'D-HH:MM:SS')")
+    n = [int(p) for p in parts]
+    if dash:  # D-HH[:MM[:SS]]
+        h, m, sec = (n + [0, 0])[:3]
+        if h > 23 or m > 59 or sec > 59:
+            raise ValueError("after D- the hours must be 0-23, the minutes and seconds 0-59")
+    elif len(n) == 2:  # MM:SS
+        h, m, sec = 0, n[0], n[1]
+        if sec > 59:
+            raise ValueError("the seconds must be 0-59")
+    else:  # HH:MM:SS
+        h, m, sec = n
+        if m > 59 or sec > 59:
+            raise ValueError("the minutes and seconds must be 0-59")
+    total = ((int(days) * 24 + h) * 60 + m) * 60 + sec
+    if total <= 0:
+        raise ValueError("a time limit of 0 (SLURM: none at all): give the job's real limit")
+    if total > MAX_TIME_DAYS * 86400:
+        raise ValueError(f"more than {MAX_TIME_DAYS} days")
+    return total
+
+
+def control_characters(value: str, allowed: str = "") -> str:
+    """The first control character of ``value`` (a line break, a tab, NUL, ...) not in ``allowed``, as Python writes
+    it, or ""."""
+    for c in _CONTROL.findall(value):
+        if c not in allowed:
+            return repr(c)
+    return ""
 
 
 class LauncherConfigError(ConfigError):
@@ -113,6 +160,7 @@ def _validate(c: LauncherConfig) -> None:
     def fail(msg: str) -> None:
         raise LauncherConfigError(f"{c.source}: {msg}")
 
+    _no_control_characters(c, fail)
     if c.signal_lead_s < 0 or c.max_requeues < 0:
         fail("signal_lead_s and max_requeues must be >= 0")
     if not 0 <= c.gpu_memory_gib < 10_000:  # (nan fails too)
@@ -127,9 +175,10 @@ def _validate(c: LauncherConfig) -> None:
     for f in fields(StageResources):
         r: Resources = getattr(c.stages, f.name)
         key = f"stages.{f.name}"
-        if not _TIME.match(r.time):
-            fail(f"{key}.time must be a quoted 'HH:MM:SS' or 'D-HH:MM:SS', got {r.time!r} "
-                 f"(unquoted 24:00:00 is read by YAML as a number of seconds)")
+        try:
+            parse_time(r.time)
+        except ValueError as e:
+            fail(f"{key}.time must be a quoted 'HH:MM:SS' or 'D-HH:MM:SS' (SLURM's time limit), got {r.time!r}: {e}")
         if r.nodes < 1 or r.gpus_per_node < 0 or r.cpus_per_task < 1:
             fail(f"{key}: nodes and cpus_per_task must be >= 1 and gpus_per_node >= 0")
         if f.name not in TRAINING_STAGES and (r.nodes != 1 or r.gpus_per_node > 1):
@@ -140,6 +189,30 @@ def _validate(c: LauncherConfig) -> None:
         for i, opt in enumerate(r.extra_sbatch):
             if not opt.startswith("-"):
                 fail(f"{key}.extra_sbatch[{i}] must be an sbatch option, got {opt!r}")
+
+
+def _no_control_characters(c: LauncherConfig, fail: Callable[[str], None]) -> None:
+    """Every value written into an sbatch script is one line: a line break (or any control character) in one would
+    end its ``#SBATCH`` line there, and SLURM stops reading options at the first line that is not one, so the options
+    after it (``--signal``, ``--requeue``) would be dropped without a word. ``setup`` is shell lines: line breaks and
+    tabs are its own, any other control character is refused."""
+    values: list[tuple[str, str]] = [(k, getattr(c, k)) for k in ("partition", "account", "qos", "constraint")]
+    values += [(f"extra_sbatch[{i}]", v) for i, v in enumerate(c.extra_sbatch)]
+    values += [(f"trainer[{i}]", v) for i, v in enumerate(c.trainer)]
+    for f in fields(StageResources):
+        r: Resources = getattr(c.stages, f.name)
+        values += [(f"stages.{f.name}.{k}", getattr(r, k)) for k in ("time", "mem", "partition", "qos", "constraint")]
+        values += [(f"stages.{f.name}.extra_sbatch[{i}]", v) for i, v in enumerate(r.extra_sbatch)]
+    for key, value in values:
+        bad = control_characters(str(value))
+        if bad:
+            fail(f"{key}={value!r} holds the control character {bad}: it is written into the job's sbatch script, "
+                 f"where a line break ends the #SBATCH line and SLURM stops reading the options after it; write "
+                 f"the value on one line")
+    bad = control_characters(c.setup, "\n\t")
+    if bad:
+        fail(f"setup holds the control character {bad} (a Windows line end \\r?): the shell would read it as part "
+             f"of a command; save the file with plain line ends")
 
 
 def stage_gpus(lc: LauncherConfig) -> dict[str, int]:

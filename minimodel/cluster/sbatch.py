@@ -26,7 +26,7 @@ import re
 import shlex
 from pathlib import Path
 
-from minimodel.cluster.launcher import TRAINER_STAGES, LauncherConfig
+from minimodel.cluster.launcher import TRAINER_STAGES, LauncherConfig, control_characters
 from minimodel.errors import REQUEUE_EXIT, UserError
 from minimodel.pipeline import Step
 from minimodel.store.layout import Layout
@@ -96,6 +96,12 @@ def sbatch_script(step: Step, launcher: LauncherConfig, run_root: str | Path, *,
         opts.append(f"--signal=USR1@{launcher.signal_lead_s}")  # to the job steps (srun tasks), not B: (the shell)
     opts += ["--requeue", "--kill-on-invalid-dep=yes", *launcher.extra_sbatch, *r.extra_sbatch]
 
+    for o in opts:  # load_launcher refuses these in the launcher's values; a path or name holding one ends here
+        bad = control_characters(o)
+        if bad:
+            raise SubmitError(f"#SBATCH {o!r} holds the control character {bad}, which would end the #SBATCH line "
+                              f"(SLURM stops reading options there: --signal and --requeue would be lost); "
+                              f"{launcher.source or 'the launcher'}: write every value on one line")
     command = shlex.join(step_command(step, launcher))
     setup = launcher.setup.strip()
     lines = [

@@ -261,8 +261,33 @@ def _validate_head_weights(cfg: ExperimentConfig, fail: Any) -> None:
         fail("pretrain.head_weights: at least one weight must be positive")
 
 
+def max_threads() -> int:
+    """The most CPU threads (or worker processes) a setting may ask for: 4 per CPU of this machine
+    (``os.cpu_count``), and at least 64 so that a configuration written for a cluster node still loads on a laptop.
+    Beyond that a team of threads only oversubscribes the machine, and a count such as 10^9 crashes inside the OpenMP
+    runtime (libgomp) rather than saying why."""
+    import os
+
+    return max(64, 4 * (os.cpu_count() or 1))
+
+
+def _validate_cpu(cfg: ExperimentConfig, fail: Any) -> None:
+    bound = max_threads()
+    limit = f"at most {bound:,} (4 per CPU of this machine, at least 64)"
+    for key, value, zero in (("cpu.threads", cfg.cpu.threads, "0 (chosen: OMP_NUM_THREADS, else from the free CPUs)"),
+                             ("data.encode_threads", cfg.data.encode_threads, "0 (every CPU this process may use)"),
+                             ("adapt.focus.threads", cfg.adapt.focus.threads, "")):
+        low = 0 if zero else 1
+        if not low <= value <= bound:
+            fail(f"{key} must be {zero + ' or ' if zero else ''}a number of threads from 1, {limit}, got {value:,}")
+    if not 1 <= cfg.cpu.side_by_side <= bound:
+        fail(f"cpu.side_by_side must be the number of minimodel processes sharing this machine's CPUs: 1 (this one "
+             f"alone) or more, {limit}, got {cfg.cpu.side_by_side:,}")
+
+
 def _validate_sizes(cfg: ExperimentConfig, fail: Any) -> None:
     check, d, f = _Sizes(fail), cfg.data, cfg.finetune
+    _validate_cpu(cfg, fail)
     check.integer("data.vocab_size", d.vocab_size)
     check.integer("data.seq_len", d.seq_len, MIN_SEQ_LEN, what=f"at least {MIN_SEQ_LEN} (tokens per MLM block)")
     check.count("data.val_blocks", d.val_blocks)

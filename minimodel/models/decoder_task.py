@@ -134,7 +134,11 @@ def load_task_model(path: str | Path, **from_pretrained: Any) -> DecoderClassifi
     meta = json.loads((d / HEAD_CONFIG).read_text())
     if meta.get("format") not in READS:
         raise ValueError(f"{d / HEAD_CONFIG}: format {meta.get('format')!r}, expected {FORMAT!r}")
-    head = PooledHead(int(meta["hidden"]), int(meta["num_labels"]), str(meta.get("pooling", "last")))
+    labels, k = meta.get("labels"), meta.get("num_labels")
+    if not isinstance(labels, list) or not isinstance(k, int) or len(labels) != k or len(set(map(str, labels))) != k:
+        raise ValueError(f"{d / HEAD_CONFIG}: labels {labels!r} must name each of the head's num_labels={k!r} "
+                         f"outputs once, in order (logit k is labels[k]): the file was edited, or is not an export")
+    head = PooledHead(int(meta["hidden"]), k, str(meta.get("pooling", "last")))
     head.load_state_dict(load_file(str(d / HEAD_WEIGHTS)), strict=True)
     base = AutoModel.from_pretrained(str(d), **from_pretrained)
     layers = int(base.config.num_hidden_layers)

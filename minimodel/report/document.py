@@ -8,8 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from minimodel.errors import ConfigError
+from minimodel.log import get_logger
 from minimodel.report.claims import claims_table
-from minimodel.report.figures import plot_curves
+from minimodel.report.figures import is_plot, plot_curves, plot_path
 from minimodel.report.formatting import (
     BELOW,
     FELL_BACK,
@@ -45,6 +47,8 @@ from minimodel.store.layout import Layout
 from minimodel.store.truncation import read_dir as read_truncation
 from minimodel.store.truncation import report_section
 
+log = get_logger(__name__)
+
 DEV_NOTE = (": the target-language dev sets, for choosing settings; the results are the test split's, in "
             "report.md")
 NO_REFERENCE = (f"No {REFERENCE} (BL_BASE) results: there is no near-maximal target ({NEAR_MAX:.0%} of BL_BASE's "
@@ -65,6 +69,10 @@ CLAIMS_RULE = (f"The claims are read on a task only when the systems clearly bea
                f"this task* where the claims are not read; {FELL_BACK} marks a speedup resting on a language where "
                "the system falls back below the target later.")
 
+
+
+REPORT_HEADER = "# Mini-model adaptation: "
+"""The first line of every report (``render_report``): what marks a file as one ``minimodel report`` wrote."""
 
 def pretraining_note(res: Results) -> str:
     """What the header says of systems with several pretraining seeds (nothing when there are none)."""
@@ -94,7 +102,7 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
     ``family``: the experiment's ``families.ModelFamily`` (claims about a family the paper did not study are marked
     so; a causal LM's perplexity gets claims of its own); ``references``: the unadapted model's and the
     bag-of-words rows (``unadapted.load_references``), for the claim "adapted beats unadapted"."""
-    out = [f"# Mini-model adaptation: {name}", ""]
+    out = [f"{REPORT_HEADER}{name}", ""]
     if not res.curves and not res.english:
         return "\n".join(out + ["No results yet (no `*/results.jsonl` rows): run `minimodel evaluate` first.", ""])
     out += [f"Systems: {', '.join(res.systems) or MISSING}. Tasks: {', '.join(res.tasks) or MISSING} "
@@ -250,22 +258,74 @@ def checked_results(runs_dir: str | Path, name: str, main_metrics: Mapping[str, 
     return checked.res, checked
 
 
+def is_report(path: Path) -> bool:
+    """Whether the file ``path`` begins with a report's first line (``REPORT_HEADER``)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(REPORT_HEADER.encode()))
+    except OSError:
+        return False
+    return head == REPORT_HEADER.encode()
+
+
+def check_report_out(out: Path, force: bool) -> bool:
+    """Refuse (``ConfigError``, naming ``out``) to write the report over something it did not write: a directory,
+    or a file that is not an earlier report (its first line is not ``REPORT_HEADER``) unless ``force``. Returns
+    whether ``out`` is an earlier report (its plots may be replaced too)."""
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory: the report is one Markdown file (its plots go to plots/ "
+                          f"beside it): give a file path, e.g. --out {out / 'report.md'}")
+    if not (out.exists() or out.is_symlink()):
+        return False
+    if not out.is_file():
+        raise ConfigError(f"--out {out} exists and is not a regular file: choose another --out")
+    if is_report(out):
+        return True
+    if force:
+        log.warning(f"report: --force: replacing {out}, which is not a report minimodel wrote")
+        return False
+    raise ConfigError(f"--out {out} exists and is not a report minimodel wrote (its first line is not "
+                      f"'{REPORT_HEADER.strip()} …'): not overwriting it; choose another --out, or add --force to "
+                      f"replace it")
+
+
+def check_plots_out(plots: Path, pngs: list[Path], out: Path) -> None:
+    """Refuse to write the plots of a new report (``out``, chosen by ``--out``) over files already there that no
+    report wrote (``figures.is_plot``: another report's plots in the same folder are replaced; ``--force`` replaces
+    anything)."""
+    if plots.exists() and not plots.is_dir():
+        raise ConfigError(f"{plots} is a file, where the report {out} puts its plots: not overwriting it; choose "
+                          f"another --out, or move the file")
+    taken = [p for p in pngs if (p.exists() or p.is_symlink()) and not (p.is_file() and is_plot(p))]
+    if taken:
+        raise ConfigError(f"{taken[0]} exists, where the new report {out} would write its plot, and no report "
+                          f"minimodel wrote is at {out}: not overwriting it; choose another --out (another folder), "
+                          f"or add --force to replace it")
+
+
 def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
                  baselines: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
                  depths: Mapping[str, int] | None = None, variants: Mapping[str, Any] | None = None,
                  main_metrics: Mapping[str, str] | None = None, split: str = "test",
                  checks: DevChecks | None = None, inits: Mapping[str, str] | None = None, family: Any = None,
-                 systems: Mapping[str, str] | None = None) -> Path:
+                 systems: Mapping[str, str] | None = None, force: bool = False) -> Path:
     """Read every ``{runs_dir}/{name}/*/results.jsonl``; write ``report.md`` (default
     ``{runs_dir}/{name}/report.md``) and its PNGs under ``plots/`` next to it. Returns the report path.
     ``baselines``: (task, lang) -> metric -> majority-class score; ``main_metrics``: task -> main metric;
     ``checks``: the dev-set checks (transfer rule, plateau) of ``report:``; ``inits``: see ``render_report``;
     ``systems``: ``report.systems`` (which systems, under which names). Reads ``unadapted.jsonl`` beside the runs
-    when there is one (``unadapted.load_references``)."""
-    res, checked = checked_results(runs_dir, name, main_metrics, split, baselines, checks, systems)
+    when there is one (``unadapted.load_references``). ``out`` is written only where it is new or a report this
+    command wrote before (``check_report_out``), and its plots only over files of such a report, or with
+    ``force``."""
+    chosen = out is not None
     out = Path(out) if out is not None else Layout(Path(runs_dir), name).report_of(split)
+    ours = check_report_out(out, force)
+    res, checked = checked_results(runs_dir, name, main_metrics, split, baselines, checks, systems)
+    plots = out.parent / ("plots" if split == "test" else f"plots-{split}")
+    if chosen and not ours and not force and res.curves:
+        check_plots_out(plots, [plot_path(plots, task) for task in res.tasks], out)
     atomic.make_dirs(out.parent)
-    pngs = plot_curves(res, out.parent / ("plots" if split == "test" else f"plots-{split}")) if res.curves else {}
+    pngs = plot_curves(res, plots) if res.curves else {}
     truncated = report_section({p.parent.name: read_truncation(p.parent) for p in Layout(Path(runs_dir), name).all_results()},
                                res.tasks, {task: res.langs(task) for task in res.tasks}, split)
     text = render_report(res, name, {task: path.relative_to(out.parent).as_posix() for task, path in pngs.items()},

@@ -39,6 +39,27 @@ def seed_band(res: Results, system: str, task: str) -> list[tuple[float, float, 
     return band
 
 
+PLOT_MARK = {"Source": "minimodel report"}
+"""A PNG text chunk every plot of a report carries: what marks a PNG as one ``minimodel report`` wrote (it may be
+replaced by another report's, written into the same plots/ folder)."""
+
+
+def is_plot(path: Path) -> bool:
+    """Whether the PNG ``path`` carries ``PLOT_MARK`` (a text chunk, before the image data)."""
+    (key, value), = PLOT_MARK.items()
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return head.startswith(b"\x89PNG") and f"{key}\0{value}".encode() in head
+
+
+def plot_path(out_dir: Path, task: str) -> Path:
+    """The PNG of ``task``'s curves under ``out_dir``."""
+    return out_dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', task)}.png"
+
+
 def plot_curves(res: Results, out_dir: Path) -> dict[str, Path]:
     """Figure 3: one PNG per task, score against V100-days, one line per system (averaged over
     languages) with a band of ± one standard deviation over seeds, dashed line at the mean near-maximal
@@ -70,7 +91,8 @@ def plot_curves(res: Results, out_dir: Path) -> dict[str, Path]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        path = out_dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', task)}.png"
-        atomic.write_with(path, lambda f, fig=fig: fig.savefig(f, format="png"))  # whole, or the old one kept
+        path = plot_path(out_dir, task)
+        atomic.write_with(path, lambda f, fig=fig: fig.savefig(f, format="png", metadata=PLOT_MARK))  # whole, or
+        # the old one kept
         paths[task] = path
     return paths

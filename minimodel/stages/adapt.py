@@ -39,7 +39,7 @@ from minimodel.models.surgery import (
     tie_biases,
 )
 from minimodel.store import atomic
-from minimodel.store.checkpoints import Adaptation, CheckpointError, TrainingMeta, load_trained_model
+from minimodel.store.checkpoints import Adaptation, CheckpointError, TrainingMeta, load_final_model
 from minimodel.store.layout import (
     ADAPT_INFO,
     adaptation_checkpoint,
@@ -80,7 +80,7 @@ def adaptation_body(cfg: ExperimentConfig, plan: StagePlan) -> tuple[RobertaMLM,
         step = "`minimodel bridge`" if kind is Body.BRIDGE else "`minimodel pretrain`"
         raise CheckpointError(f"adaptation needs a finished {run.name} run: {run} is not complete (run {step} first)")
     source = last_checkpoint(run)
-    model, meta = load_trained_model(source)
+    model, meta = load_final_model(source, "bridge" if kind is Body.BRIDGE else "pretrain")
     if cfg.adapt.schedule:
         body, _ = staged_body(model, [p.head for p in plan.phases])
         return body, str(source), meta

@@ -24,7 +24,7 @@ from minimodel.models.families import hf_module, predicted_share
 from minimodel.models.model import RobertaMLM
 from minimodel.models.surgery import bridge_trainable, build_minipost, primary_only, trainable_parameters
 from minimodel.store import atomic
-from minimodel.store.checkpoints import CheckpointError, TrainingMeta, load_trained_model
+from minimodel.store.checkpoints import CheckpointError, TrainingMeta, load_final_model, load_trained_model
 from minimodel.store.layout import BRIDGE_INFO, is_done
 from minimodel.store.provenance import producers
 from minimodel.systems import stage_plan
@@ -34,17 +34,39 @@ from minimodel.training.runner import Runner, Stage, StageResult, Training
 log = get_logger(__name__)
 
 
-def load_primary(source: str, family: str = DEFAULT_FAMILY) -> tuple[RobertaMLM, dict]:
+def load_primary(source: str, family: str = DEFAULT_FAMILY, stage: str = "") -> tuple[RobertaMLM, dict]:
     """A training checkpoint file (without its secondary heads) and the tokenizer record stored with it, or a
     Hugging Face model directory / hub id of the model family ``family`` (``model.family``; read by that family's
-    ``from_hf``), whose tokenizer is its own: an empty record."""
+    ``from_hf``), whose tokenizer is its own: an empty record. ``stage``: the stage (pretrain) of this experiment
+    whose finished run wrote ``source`` (its final checkpoint: a damaged one is rebuilt by rerunning it); "" for
+    ``bridge.source``, a file of the user's, which no message ever says to delete."""
     path = Path(source)
+    if stage:
+        model, meta = load_final_model(path, stage)
+        return primary_only(model), meta.tokenizer
     if is_hf_source(source):  # a directory, a hub id, or a GGUF file; in training mode, as a checkpoint loads
         return hf_module(family).from_hf(source).train(), {}
     if path.is_file():
-        model, meta = load_trained_model(path)
+        try:
+            model, meta = load_trained_model(path)
+        except CheckpointError as e:
+            if str(e).startswith("refusing to load"):  # its own advice: do not use files of unknown origin
+                raise
+            raise CheckpointError(not_a_source(source, e)) from e
         return primary_only(model), meta.tokenizer
     raise CheckpointError(f"bridge source {source} not found (pretrain BL_BASE first, or set bridge.source)")
+
+
+def not_a_source(source: str, e: Exception) -> str:
+    """The error for a ``bridge.source`` file that does not load as a training checkpoint (a README, a damaged file,
+    a GGUF file named in upper case): what it is not, what the setting takes, and that the file was left alone."""
+    path = Path(source)
+    gguf = (f" {path.name} looks like a GGUF file, which minimodel recognises by its lower-case suffix: rename it "
+            f"to {path.stem}.gguf (or point bridge.source at a copy so named)." if path.suffix.lower() == ".gguf"
+            and path.suffix != ".gguf" else "")
+    return (f"bridge.source={source}: not a model minimodel can read ({e}).{gguf} bridge.source names a training "
+            f"checkpoint that `minimodel pretrain` wrote (.../pretrain/checkpoints/last.ckpt), a Hugging Face model "
+            f"directory or hub id, or a GGUF file (*.gguf); {path.name} was left as it is")
 
 
 def fit_blocks(data: MLMDataModule, tokens: int) -> list[torch.Tensor]:
@@ -93,7 +115,7 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
             if not is_done(run):
                 raise CheckpointError(f"the bridge needs a finished primary model: {run} is not complete "
                                       f"(pretrain it first, or set bridge.source)")
-        primary, trained_with = load_primary(r.primary, cfg.model.family)
+        primary, trained_with = load_primary(r.primary, cfg.model.family, "pretrain" if plan.reads else "")
         return primary, load_source_tokenizer(cfg, primary, f"bridge.source={r.primary}", trained_with)
 
     def build(inputs: tuple[RobertaMLM, AnyTokenizer]) -> Training:

@@ -38,7 +38,7 @@ from minimodel.models.families import readout
 from minimodel.models.model import RobertaMLM, task_logits
 from minimodel.models.surgery import extract_mini, freeze_all_but, primary_only
 from minimodel.store import atomic
-from minimodel.store.checkpoints import CheckpointError, Finetuned, TrainingMeta, load_trained_model
+from minimodel.store.checkpoints import CheckpointError, Finetuned, TrainingMeta, load_final_model, load_trained_model
 from minimodel.store.layout import finetuned_model, is_done, read_done
 from minimodel.store.provenance import producers
 from minimodel.store.truncation import Truncation, say
@@ -173,13 +173,13 @@ def finetune_body(cfg: ExperimentConfig, plan: StagePlan) -> tuple[RobertaMLM, s
         model, trained_with = load_primary(r.primary, cfg.model.family)
         return model, r.primary, trained_with
     path = Path(r.primary)
-    if not path.exists():
+    if not path.exists() and not any(is_done(run) for run in plan.reads):  # a finished run's: rebuilt (below)
         raise CheckpointError(f"finetuning needs the step-1 model {path}: run `minimodel pretrain` first")
     for run in plan.reads:  # the step-1 run, when the primary model is one of this experiment
         if not is_done(run):
             raise CheckpointError(f"finetuning needs a finished step-1 model: {run} is not complete (no "
                                   f"done.json; it stopped early): finish `minimodel pretrain` first")
-    model, meta = load_trained_model(path)
+    model, meta = load_final_model(path, "pretrain") if plan.reads else load_trained_model(path)
     if cfg.body == "mini":
         return extract_mini(model, plan.depth, plan.head), r.primary, meta.tokenizer
     return primary_only(model), r.primary, meta.tokenizer

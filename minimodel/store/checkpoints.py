@@ -32,7 +32,7 @@ FORMAT = 3  # 1: before typed payloads (adaptation checkpoints wrote format 1, t
 # finetuned model recorded its readout (``Finetuned.readout``; read as the family's token of the last layer)
 
 __all__ = ["FORMAT", "CheckpointError", "TrainingMeta", "Adaptation", "Finetuned", "atomic_torch_save",
-           "load_checkpoint", "load_trained_model", "load_adaptation", "load_finetuned", "link_or_copy", "rng_state", "set_rng_state"]
+           "load_checkpoint", "load_trained_model", "load_final_model", "load_adaptation", "load_finetuned", "link_or_copy", "rng_state", "set_rng_state"]
 
 
 # ------------------------------------------------------------------------------------------------ files
@@ -53,7 +53,9 @@ def _numpy_array_globals() -> list[Any]:
 
 def load_checkpoint(path: Path) -> dict:
     """torch.load as data only (``weights_only=True``: tensors, numbers, strings, lists, dicts; no code runs),
-    with clear errors for missing, truncated, corrupt and unsafe files."""
+    with clear errors for missing, truncated, corrupt and unsafe files. The message says what is wrong, not what to
+    do: only the caller knows whether the file is one minimodel wrote and what rebuilds it (``load_final_model``,
+    ``stages.bridge.load_primary``; a stage's resume falls back to an earlier checkpoint by itself)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -67,11 +69,10 @@ def load_checkpoint(path: Path) -> dict:
                 f"refusing to load {path}: it holds a Python object ({unsafe.group(2)}) whose loading could run "
                 f"code; minimodel reads checkpoints as plain data (tensors, numbers, strings, lists) only. "
                 f"Do not use files of unknown origin") from e
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({_first_line(e)}); "
-                              f"delete it to fall back to an earlier one") from e
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({_first_line(e)})") from e
     except Exception as e:  # truncated zip, bad magic number, ...
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: {_first_line(e)}); "
-                              f"delete it to fall back to an earlier one") from e
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: {_first_line(e)})"
+                              ) from e
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"checkpoint {path} does not hold a checkpoint dictionary")
     return ckpt
@@ -256,6 +257,29 @@ def load_trained_model(path: Path) -> tuple[RobertaMLM, TrainingMeta]:
         raise CheckpointError(f"{path}: weights do not fit the model config stored with them: {e}") from e
     model.tie_weights()
     return model, meta
+
+
+def rebuild_advice(path: Path, stage: str) -> str:
+    """What rebuilds ``path``, the final checkpoint (``last.ckpt``) of a finished ``stage`` run (pretrain, bridge):
+    rerunning the stage rebuilds a missing or cut one from the run's newest intact step checkpoint, exactly (the same
+    weights and identity: nothing built on it is redone); one damaged in place is deleted first, so that the rerun
+    sees it missing (minimodel wrote it: nothing of the user's is lost)."""
+    rerun = (f"rerun `minimodel {stage} ...` with this configuration: it rebuilds {path.name} from the run's newest "
+             f"intact step checkpoint, exactly (the same weights and identity, so nothing built on it is redone), "
+             f"then rerun this step")
+    return (f"{path} is the final checkpoint of a finished {stage} run (minimodel wrote it): "
+            + (rerun if not path.exists() else f"delete {path} and {rerun}"))
+
+
+def load_final_model(path: Path, stage: str) -> tuple[RobertaMLM, TrainingMeta]:
+    """``load_trained_model`` of the final checkpoint of a finished ``stage`` run (a consumer's read): a missing or
+    damaged one is an error that says how to rebuild it (``rebuild_advice``)."""
+    try:
+        return load_trained_model(path)
+    except CheckpointError as e:
+        if str(e).startswith("refusing to load"):  # a file that would run code: not minimodel's, not rebuilt
+            raise
+        raise CheckpointError(f"{e}. {rebuild_advice(Path(path), stage)}") from e
 
 
 def load_adaptation(path: Path) -> Adaptation:

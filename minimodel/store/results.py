@@ -45,6 +45,15 @@ def is_row(r: object) -> bool:
 _WARNED: set[tuple[str, int, int]] = set()
 
 
+def _whole_row(line: str) -> bool:
+    """Whether a last line without its line end is nevertheless a whole result row (a file edited by hand), rather
+    than one cut short by an interrupted write."""
+    try:
+        return is_row(json.loads(line))
+    except json.JSONDecodeError:
+        return False
+
+
 class ResultsTable:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -55,12 +64,12 @@ class ResultsTable:
         warning per file that counts them."""
         if not self.path.exists():
             return []
-        out, cut, bad = [], False, 0
+        out, cut, bad = [], 0, 0
         first: dict[tuple, tuple[int, dict]] = {}  # row id -> (line number, row): duplicates must agree
         with open(self.path, encoding="utf-8", errors="replace") as f:
             for number, line in enumerate(f, start=1):
-                if not line.endswith("\n"):
-                    cut = True  # a partial last line: the next append cuts it (see _repair)
+                if not line.endswith("\n") and not _whole_row(line):
+                    cut = number  # a partial last line: the next append cuts it (see _repair)
                     break
                 if not line.strip():
                     continue
@@ -83,10 +92,15 @@ class ResultsTable:
                 first[rid] = (number, row)
                 out.append(row)
         seen = (str(self.path.resolve()), self.path.stat().st_size, bad)
+        if cut and not bad and seen not in _WARNED:
+            _WARNED.add(seen)
+            log.warning(f"{self.path}, line {cut}: the last line is cut short (an evaluation stopped while writing "
+                        f"it, or an edit), so its row is not used; rerun `minimodel evaluate` to write it again (the "
+                        f"next evaluation replaces the cut line)")
         if bad and seen not in _WARNED:  # (once per process and file: the report reads the results twice)
             _WARNED.add(seen)
             log.warning(f"{self.path}: skipped {bad} line(s) that are not result rows (not JSON, not an object "
-                        f"with {', '.join(FIELDS)}, or a non-finite number)" + (" and a last line cut short" if cut else "")
+                        f"with {', '.join(FIELDS)}, or a non-finite number)" + (f" and a last line cut short (line {cut})" if cut else "")
                         + "; the other rows are used (remove those lines, or rerun `minimodel evaluate` for "
                         "the rows they held)")
         return out
@@ -101,7 +115,10 @@ class ResultsTable:
         with open(self.path, "rb+") as f:
             data = f.read()
             if not data.endswith(b"\n"):
-                f.truncate(data.rfind(b"\n") + 1)
+                if _whole_row(data[data.rfind(b"\n") + 1:].decode("utf-8", errors="replace")):
+                    f.write(b"\n")  # a whole row without its line end (an edit): kept
+                else:
+                    f.truncate(data.rfind(b"\n") + 1)
 
     def remove(self, rows: Iterable[dict]) -> int:
         """Remove these rows (equal in every field) from the file, rewriting it whole (atomically) under the
