@@ -159,11 +159,12 @@ def check_model(cfg: ExperimentConfig, fail: Any) -> None:
     check_readout(cfg, fail)
 
 
-def sequence_lengths(cfg: ExperimentConfig) -> dict[str, int]:
-    """The longest sequences the model runs, by the key that sets each: ``data.seq_len`` (steps 1-2) and each
-    finetuned task's ``max_len`` (steps 3-4); what a window or a source's positions must hold."""
+def sequence_lengths(cfg: ExperimentConfig, tasks: bool = True) -> dict[str, int]:
+    """The longest sequences the model runs, by the key that sets each: ``data.seq_len`` (steps 1-2) and, with
+    ``tasks``, each finetuned task's ``max_len`` (steps 3-4); what a window or a source's positions must hold."""
     lengths = {"data.seq_len": cfg.data.seq_len}
-    lengths.update({f"tasks.{t}.max_len": cfg.tasks[t].max_len for t in cfg.finetune.tasks if t in cfg.tasks})
+    if tasks:
+        lengths.update({f"tasks.{t}.max_len": cfg.tasks[t].max_len for t in cfg.finetune.tasks if t in cfg.tasks})
     return lengths
 
 

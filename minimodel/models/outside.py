@@ -58,9 +58,11 @@ def transformers() -> Any:
     return tf
 
 
-def _first_line(e: BaseException) -> str:
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return lines[0] if lines else type(e).__name__
+def _first_line(e: BaseException, limit: int = 300) -> str:
+    """What an exception of another library says, on one line (its lines joined: transformers' validation errors
+    say what is wrong on their second line), cut at ``limit`` characters."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 @dataclass
@@ -168,7 +170,10 @@ def read_config(src: Source, model_types: tuple[str, ...], family: str) -> Any:
         return tf.AutoConfig.from_pretrained(src.where, **src.options)
     except ImportError:
         raise
-    except Exception as e:  # transformers' own checks (rope types, ...), or a damaged GGUF
+    except Exception as e:  # a damaged GGUF (its tensors are read too), or transformers' checks of a config.json
+        if src.gguf is not None:
+            raise CheckpointError(f"{src.gguf}: not a readable GGUF file: {_first_line(e)}; a damaged or altered "
+                                  f"file: fetch it again") from None
         raise ConfigError(f"{src.config_file}: transformers cannot read it as a config ({_first_line(e)})") from None
 
 

@@ -95,7 +95,7 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
             if not is_done(run):
                 raise CheckpointError(f"the bridge needs a finished primary model: {run} is not complete "
                                       f"(pretrain it first, or set bridge.source)")
-        primary, trained_with = load_primary(r.primary, cfg.model.family, sequence_lengths(cfg))
+        primary, trained_with = load_primary(r.primary, cfg.model.family, sequence_lengths(cfg, tasks=False))
         return primary, load_source_tokenizer(cfg, primary, f"bridge.source={r.primary}", trained_with)
 
     def build(inputs: tuple[RobertaMLM, AnyTokenizer]) -> Training:

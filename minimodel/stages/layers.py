@@ -37,7 +37,7 @@ def layer_rows(cfg: ExperimentConfig) -> tuple[list[dict], dict]:
     """The table's rows (one per layer) and what they were measured on."""
     plan = stage_plan(cfg, "bridge")
     source = plan.runs.primary
-    primary, trained_with = load_primary(source, cfg.model.family, sequence_lengths(cfg))
+    primary, trained_with = load_primary(source, cfg.model.family, sequence_lengths(cfg, tasks=False))
     tok = load_source_tokenizer(cfg, primary, f"bridge.source={source}", trained_with)
     b = cfg.bridge
     data = mlm_datamodule(cfg, cfg.source_lang, b.optim, b.trainer.seed, tok)
