@@ -84,11 +84,11 @@ def hf_config_to_model_config(hf_config: Any, source: str = "hf config") -> Mode
     _check_supported(hf_config, source)
     return ModelConfig(
         **_sizes(hf_config, source),
-        dropout=float(hf_config.hidden_dropout_prob),
-        attn_dropout=float(hf_config.attention_probs_dropout_prob),
-        layer_norm_eps=float(hf_config.layer_norm_eps),
+        dropout=outside.field_number(hf_config, "hidden_dropout_prob", source, fraction=True),
+        attn_dropout=outside.field_number(hf_config, "attention_probs_dropout_prob", source, fraction=True),
+        layer_norm_eps=outside.field_number(hf_config, "layer_norm_eps", source),
         pad_id=int(hf_config.pad_token_id),
-        init_std=float(getattr(hf_config, "initializer_range", 0.02)),
+        init_std=outside.field_number(hf_config, "initializer_range", source, 0.02),
     )
 
 

@@ -95,6 +95,13 @@ def _rope(hf_config: Any) -> dict[str, Any]:
     return params
 
 
+class _Fields:
+    """A dict's items as attributes (the rope settings, for ``outside.size``)."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+
 def _window(hf_config: Any, kind: str, source: str) -> int:
     """The sliding attention window of any layer (0: none)."""
     window = getattr(hf_config, "sliding_window", None)
@@ -119,6 +126,11 @@ def _llama_like(hf_config: Any, kind: str, refuse: Any, source: str) -> ModelCon
         raise ConfigError(f"{source}: num_attention_heads={heads} does not divide hidden_size={hidden}, and no "
                           f"head_dim is set")
     head_dim = size("head_dim", hidden // heads)
+
+    def rope_number(name: str, default: float) -> float:
+        value = rope.get(name)
+        return default if value is None else outside.number(value, f"rope_scaling.{name}", source)
+
     kv_heads = size("num_key_value_heads", heads)
     if heads % kv_heads:
         raise ConfigError(f"{source}: num_key_value_heads={kv_heads} does not divide num_attention_heads={heads} "
@@ -128,14 +140,16 @@ def _llama_like(hf_config: Any, kind: str, refuse: Any, source: str) -> ModelCon
         tie_embeddings=bool(hf_config.tie_word_embeddings), vocab_size=vocab, hidden=hidden,
         layers=size("num_hidden_layers"), heads=heads, ffn=size("intermediate_size"),
         max_positions=size("max_position_embeddings"), dropout=0.0,
-        attn_dropout=float(getattr(hf_config, "attention_dropout", 0.0)),
-        layer_norm_eps=float(hf_config.rms_norm_eps), pad_id=_pad(hf_config, vocab, source),
-        init_std=float(hf_config.initializer_range), rope_theta=float(rope["rope_theta"]),
+        attn_dropout=outside.field_number(hf_config, "attention_dropout", source, 0.0, fraction=True),
+        layer_norm_eps=outside.field_number(hf_config, "rms_norm_eps", source), pad_id=_pad(hf_config, vocab, source),
+        init_std=outside.field_number(hf_config, "initializer_range", source),
+        rope_theta=outside.number(rope["rope_theta"], "rope_theta", source),
         kv_heads=0 if kv_heads == heads else kv_heads,
         head_size=0 if head_dim * heads == hidden else head_dim, rope_scaling=ROPE_TYPES[rope["rope_type"]],
-        rope_factor=float(rope.get("factor", 1.0)), rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
-        rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
-        rope_original_max_positions=int(rope.get("original_max_position_embeddings", 8192)),
+        rope_factor=rope_number("factor", 1.0), rope_low_freq_factor=rope_number("low_freq_factor", 1.0),
+        rope_high_freq_factor=rope_number("high_freq_factor", 4.0),
+        rope_original_max_positions=outside.size(_Fields(rope), "original_max_position_embeddings",
+                                                 f"{source} (rope_scaling)", 8192),
         qkv_bias=kind == "qwen2" or (kind == "llama" and bool(getattr(hf_config, "attention_bias", False))),
         qk_norm=kind == "qwen3", sliding_window=_window(hf_config, kind, source))
 
@@ -174,9 +188,10 @@ def hf_config_to_model_config(hf_config: Any, source: str = "hf config") -> Mode
             family="decoder", norm="layernorm", positions="learned", activation=GPT2_ACTIVATIONS[act], bias=True,
             tie_embeddings=True, vocab_size=vocab, hidden=hidden, layers=size("n_layer"), heads=heads,
             ffn=size("n_inner", 4 * hidden), max_positions=size("n_positions"),
-            dropout=float(hf_config.resid_pdrop), attn_dropout=float(hf_config.attn_pdrop),
-            layer_norm_eps=float(hf_config.layer_norm_epsilon), pad_id=_pad(hf_config, vocab, source),
-            init_std=float(hf_config.initializer_range))
+            dropout=outside.field_number(hf_config, "resid_pdrop", source, fraction=True),
+            attn_dropout=outside.field_number(hf_config, "attn_pdrop", source, fraction=True),
+            layer_norm_eps=outside.field_number(hf_config, "layer_norm_epsilon", source),
+            pad_id=_pad(hf_config, vocab, source), init_std=outside.field_number(hf_config, "initializer_range", source))
     if kind in LLAMA_TYPES:
         return _llama_like(hf_config, kind, refuse, source)
     raise refuse("model_type", kind, f"in {['gpt2', *LLAMA_TYPES]} for model.family=decoder")

@@ -15,6 +15,7 @@ Needs ``transformers`` (``pip install minimodel[hf]``); it is imported only insi
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import re
@@ -187,6 +188,23 @@ def size(hf_config: Any, name: str, source: str, default: int | None = None, low
         raise ConfigError(f"{source}: {name}={value!r} is not a size minimodel reads: an integer from {low} to "
                           f"{MAX_SIZE:,}")
     return value
+
+
+def number(value: Any, name: str, source: str, fraction: bool = False) -> float:
+    """A float field's ``value``: a finite number, in [0, 1) (``fraction``: a dropout) or above 0 (an epsilon, a
+    scale, a base); a ``ConfigError`` naming ``source`` and the field ``name`` for anything else."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and (0.0 <= value < 1.0 if fraction else value > 0.0):
+        return float(value)
+    raise ConfigError(f"{source}: {name}={value!r} is not a value minimodel reads: "
+                      f"{'a fraction in [0, 1)' if fraction else 'a positive finite number'}")
+
+
+def field_number(hf_config: Any, name: str, source: str, default: float | None = None, fraction: bool = False
+                 ) -> float:
+    """``number`` of the config field ``name`` (``default`` where the config lacks it or holds null)."""
+    value = getattr(hf_config, name, None)
+    return float(default) if value is None and default is not None else number(value, name, source, fraction)
 
 
 def model_config(mapping: Callable[[Any, str], Any], hf_config: Any, src: Source) -> Any:
