@@ -2,8 +2,9 @@
 ``LlamaForCausalLM``; the decoder family's ``hf`` module (``families.hf_module``).
 
 Needs ``transformers`` (``pip install minimodel[hf]``); it is imported only inside the functions. ``from_hf`` reads a
-local directory or a hub id, exactly as ``hf.from_hf`` does for RoBERTa (safetensors first; a pickled
-``pytorch_model.bin`` only as plain data).
+local directory, a hub id or a GGUF file through the one door for outside models (``outside``), as ``hf.from_hf`` does
+for RoBERTa (safetensors first; a pickled ``pytorch_model.bin`` only as plain data; sizes checked before anything is
+built; every failure the project's error naming the file).
 
 GPT-2 (``model_type: gpt2``) -> ``norm: layernorm, positions: learned, activation: gelu_tanh`` (``gelu_new``;
 ``gelu`` too), biases, tied embeddings. Weights (``T.`` = ``transformer.``, ``H.`` = ``T.h.{i}.``; GPT-2's ``Conv1D``
