@@ -119,6 +119,8 @@ def write_gguf(path: Path, arch: str = "llama", layers: int = 1, hidden: int = 8
     ("llama", {"num_attention_heads": 0}, r"num_attention_heads=0 is not a size minimodel reads"),
     ("llama", {"vocab_size": 0}, r"vocab_size=0 is not a size minimodel reads"),
     ("llama", {"hidden_act": "gelu"}, r"unsupported hidden_act='gelu'"),
+    ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+     r"unsupported partial_rotary_factor=0\.5"),
     ("llama", {"num_hidden_layers": "two"}, r"num_hidden_layers='two' is not a size"),
     ("llama", {"hidden_size": 33}, r"hidden size \(33\) is not a multiple of the number of attention heads \(2\)"),
     ("llama", {"eos_token_id": 5000}, r"eos_token_id=5000 is not a token id below vocab_size=100"),
@@ -198,6 +200,21 @@ def test_a_source_that_cannot_be_read_ends_in_exit_2_with_one_error_line(tmp_pat
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert f"[minimodel] bridge: error: {d}/config.json: num_hidden_layers=-1 is not a size minimodel reads" in err
+
+
+def test_a_tokenizer_beside_a_crafted_config_is_refused_before_transformers_reads_it(bases, tmp_path):
+    """``data.source_tokenizer`` (by default ``bridge.source``) reads through the same door: ``AutoTokenizer`` may
+    build the model's config from config.json, so its sizes are checked first; a damaged GGUF header is named too."""
+    from minimodel.data.tokenizer import HFTokenizer, TokenizerError
+
+    d = edit_config(copy_of(bases, "qwen2", tmp_path / "q"), num_hidden_layers=1_000_000_000)
+    with pytest.raises(TokenizerError, match=r"num_hidden_layers=1000000000 is not a size minimodel reads"):
+        HFTokenizer(str(d), causal=True)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2**60, 0))
+    with pytest.raises(TokenizerError, match=r"cannot load the tokenizer of the model file .*bad\.gguf: .*bad\.gguf: "
+                                             r"the header counts"):
+        HFTokenizer(str(bad), causal=True)
 
 
 # ---------------------------------------------------------------------------------------------- sizes

@@ -118,6 +118,9 @@ def _llama_like(hf_config: Any, kind: str, refuse: Any, source: str) -> ModelCon
     rope = _rope(hf_config)
     checks = [("hidden_act", hf_config.hidden_act, ("silu",)), ("mlp_bias", bool(getattr(hf_config, "mlp_bias", False)), (False,)),
               ("rope_type", rope["rope_type"], tuple(ROPE_TYPES))]
+    partial = rope.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None))
+    if partial is not None:  # transformers rotates that share of each head's features (Phi's, StableLM's): ours all
+        checks.append(("partial_rotary_factor", partial, (1, 1.0)))
     if kind == "qwen3":  # Qwen3's attention_bias biases q, k, v and the output projection: the family has q/k/v only
         checks.append(("attention_bias", bool(getattr(hf_config, "attention_bias", False)), (False,)))
     for name, value, allowed in checks:

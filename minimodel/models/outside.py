@@ -111,8 +111,9 @@ def check_sizes(values: dict[str, Any], where: str) -> None:
                               f"{high:,}{more}")
 
 
-def _config_json(path: Path) -> dict[str, Any]:
-    """A ``config.json`` read as plain JSON, before transformers builds anything from it."""
+def _config_json(path: Path, model: bool = True) -> dict[str, Any]:
+    """A ``config.json`` read as plain JSON, before transformers builds anything from it (``model``: it must name
+    its ``model_type``)."""
     try:
         size = path.stat().st_size
         if size > MAX_CONFIG_BYTES:
@@ -125,7 +126,7 @@ def _config_json(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
     if not isinstance(values, dict):
         raise CheckpointError(f"{path}: not a model's config.json (a JSON {type(values).__name__}, not an object)")
-    if not isinstance(values.get("model_type"), str):
+    if model and not isinstance(values.get("model_type"), str):
         raise ConfigError(f"{path}: model_type={values.get('model_type')!r}: a model's config.json names its "
                           f"model_type")
     return values
@@ -404,6 +405,9 @@ def load_tokenizer(ref: str) -> tuple[Any, Source]:
     if src.gguf is not None:
         gguf_metadata(src.gguf)  # a damaged or crafted header: named here, before transformers decodes it
         return gguf_tokenizer(AutoTokenizer, src.where, src.options), src
+    config = Path(src.where) / CONFIG
+    if config.is_file():  # AutoTokenizer may build the model's config from it (a tokenizer_config.json without a class)
+        check_sizes(_config_json(config, model=False), str(config))
     return AutoTokenizer.from_pretrained(src.where), src
 
 
