@@ -160,7 +160,7 @@ def test_a_qwen3_source_with_attention_biases_is_refused_by_name(tmp_path):
         hf_decoder.from_hf(d)
 
 
-@pytest.mark.parametrize("source", ["garbage", "list", "empty-dir", "hub-id", "gguf"])
+@pytest.mark.parametrize("source", ["garbage", "list", "nested", "empty-dir", "hub-id", "gguf"])
 def test_the_encoder_family_reads_its_source_through_the_guarded_door(tmp_path, monkeypatch, source):
     """The encoder family's ``from_hf`` read the config with no guard: an offline hub id, a garbage config.json, a
     GGUF source were tracebacks. (The hub is asked offline here: without a network it retries for half a minute.)"""
@@ -176,6 +176,9 @@ def test_the_encoder_family_reads_its_source_through_the_guarded_door(tmp_path, 
     elif source == "list":
         (d / "config.json").write_text("[1, 2]")
         expected = r"m/config\.json: not a model's config\.json \(a JSON list"
+    elif source == "nested":  # past the JSON parser's depth: a RecursionError, not a ValueError
+        (d / "config.json").write_text("[" * 100_000)
+        expected = r"m/config\.json: not a readable config\.json"
     elif source == "empty-dir":
         expected = r"m: no config\.json in this directory"
     elif source == "hub-id":

@@ -119,7 +119,7 @@ def _config_json(path: Path, model: bool = True) -> dict[str, Any]:
         if size > MAX_CONFIG_BYTES:
             raise CheckpointError(f"{path}: {size:,} bytes, not a model's config (at most {MAX_CONFIG_BYTES:,})")
         values = json.loads(path.read_bytes().decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested past the parser's depth
         raise CheckpointError(f"{path}: not a readable config.json ({_first_line(e)}): the download or copy is "
                               f"damaged; fetch or save the model again") from None
     except OSError as e:
@@ -134,7 +134,8 @@ def _config_json(path: Path, model: bool = True) -> dict[str, Any]:
 
 def read_config(src: Source, model_types: tuple[str, ...], family: str) -> Any:
     """The transformers config of ``src``, its sizes and ``model_type`` checked before transformers builds it (the
-    raw ``config.json``, or the GGUF header); every failure of transformers a ``CheckpointError`` naming the source."""
+    raw ``config.json``, or the GGUF header): a file that cannot be read as a model's is a ``CheckpointError``, a
+    field transformers or minimodel refuses a ``ConfigError``, each naming the file."""
     tf = transformers()
     refuse = f"minimodel reads model_type in {list(model_types)} for model.family={family}"
     if src.gguf is not None:
