@@ -10,6 +10,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from minimodel.errors import CheckpointError, ConfigError  # noqa: E402
 from minimodel.models.hf import from_hf, hf_config_to_model_config, to_hf  # noqa: E402
 from minimodel.models.model import ModelConfig, RobertaMLM  # noqa: E402
 
@@ -116,18 +117,18 @@ def test_to_hf_round_trip(tmp_path: Path, xlmr: bool) -> None:
 @pytest.mark.parametrize(("field", "value"), [("hidden_act", "relu"), ("is_decoder", True)])
 def test_unsupported_config_is_a_clear_error(tmp_path: Path, field: str, value: object) -> None:
     save_tiny_hf("roberta", tmp_path, **{field: value})
-    with pytest.raises(ValueError, match=re.escape(f"{tmp_path}: unsupported {field}={value!r}")):
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'config.json'}: unsupported {field}={value!r}")):
         from_hf(tmp_path)
 
 
 def test_unsupported_model_type(tmp_path: Path) -> None:
     config = transformers.BertConfig(**TINY)
-    with pytest.raises(ValueError, match=r"unsupported model_type='bert'"):
+    with pytest.raises(ConfigError, match=r"unsupported model_type='bert'"):
         hf_config_to_model_config(config, source="bert-dir")
 
 
 def test_untied_decoder_is_rejected(tmp_path: Path) -> None:
     hf = save_tiny_hf("roberta", tmp_path, tie_word_embeddings=False)
     assert not torch.equal(hf.lm_head.decoder.weight, hf.roberta.embeddings.word_embeddings.weight)
-    with pytest.raises(ValueError, match="differs from the word embeddings"):
+    with pytest.raises(CheckpointError, match="differs from the word embeddings"):
         from_hf(tmp_path)

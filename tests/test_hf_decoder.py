@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from minimodel.cli import main  # noqa: E402
 from minimodel.data.tokenizer import HFTokenizer, Tokenizer  # noqa: E402
+from minimodel.errors import CheckpointError, ConfigError  # noqa: E402
 from minimodel.models.hf_decoder import from_hf, to_hf  # noqa: E402
 from minimodel.stages.bridge import load_primary  # noqa: E402
 from tests.conftest import ROOT, real_text, stage_overrides, tiny_overrides  # noqa: E402
@@ -174,7 +175,7 @@ def test_what_the_family_lacks_is_refused_by_name(tmp_path, field, value):
                                       intermediate_size=48, **{field: value})
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "m")
     name = "rope_type" if field == "rope_scaling" else field
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(ConfigError, match=name):
         from_hf(tmp_path / "m")
 
 
@@ -194,19 +195,19 @@ def test_llama_attention_biases_load_as_qkv_biases_only_when_the_output_bias_is_
         assert (model(x).logits - ours.logits(x)).abs().max() < 1e-5
         model.model.layers[0].self_attn.o_proj.bias.fill_(0.1)
     model.save_pretrained(tmp_path / "biased")
-    with pytest.raises(ValueError, match="output-projection bias"):
+    with pytest.raises(CheckpointError, match="output-projection bias"):
         from_hf(tmp_path / "biased")
 
 
 def test_unsupported_decoders_are_clear_errors(tmp_path):
     transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=100, n_embd=32, n_layer=1, n_head=2, activation_function="relu")).save_pretrained(tmp_path / "relu")
-    with pytest.raises(ValueError, match="activation_function"):
+    with pytest.raises(ConfigError, match="activation_function"):
         from_hf(tmp_path / "relu")
     phi = transformers.PhiConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                  intermediate_size=48)
     transformers.PhiForCausalLM(phi).save_pretrained(tmp_path / "phi")
-    with pytest.raises(ValueError, match=r"model_type='phi'.*llama.*mistral.*qwen2.*qwen3"):
+    with pytest.raises(ConfigError, match=r"model_type='phi'.*llama.*mistral.*qwen2.*qwen3"):
         from_hf(tmp_path / "phi")
 
 

@@ -23,8 +23,7 @@ from typing import Any, Protocol
 import sentencepiece as spm
 
 from minimodel.errors import UserError
-from minimodel.log import quiet_gguf
-from minimodel.models.gguf import hf_source
+from minimodel.models import outside
 from minimodel.store import atomic
 
 # fairseq / RoBERTa order for the first four; <mask> right after them.
@@ -180,22 +179,6 @@ def wordpiece_surface(piece: str) -> str:
     return piece[2:] if piece.startswith("##") else WORD_START + piece
 
 
-# A GGUF file's tokenizer, converted once per process: transformers decodes the file's whole vocabulary and merges
-# into a fast tokenizer on every load (5-8 s for SmolLM2's 49,152 pieces), and every stage of `minimodel run` loads
-# the source tokenizer again. Keyed by the file's path, size and modification time: a file replaced is converted anew.
-_GGUF_TOKENIZERS: dict[tuple[str, int, int], Any] = {}
-
-
-def _gguf_tokenizer(auto: Any, where: str, options: dict[str, Any]) -> Any:
-    path = (Path(where) / options["gguf_file"]).resolve()
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key not in _GGUF_TOKENIZERS:
-        quiet_gguf()  # --no-progress: not the conversion's bar either
-        _GGUF_TOKENIZERS[key] = auto.from_pretrained(where, **options)
-    return _GGUF_TOKENIZERS[key]
-
-
 class HFTokenizer:
     """A Hugging Face *fast* tokenizer (a model directory or a hub id) behind the ``Tokenizer`` interface.
 
@@ -212,13 +195,12 @@ class HFTokenizer:
         # encoding runs on all cores; forked DataLoader workers never tokenize, so keep it on after a fork
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
         try:
-            from transformers import AutoTokenizer
+            import transformers  # noqa: F401
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise TokenizerError("data.source_tokenizer needs Hugging Face transformers: "
                                  "pip install 'minimodel[hf]'") from e
-        where, options = hf_source(ref)  # a GGUF file carries its tokenizer
-        try:
-            self.hf = _gguf_tokenizer(AutoTokenizer, where, options) if options else AutoTokenizer.from_pretrained(where)
+        try:  # through the one door for outside models; a GGUF file carries its tokenizer
+            self.hf, _ = outside.load_tokenizer(ref)
         except Exception as e:  # OSError for a missing dir / unreachable hub, ValueError for a bad one
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             if Path(ref).is_dir():
@@ -226,6 +208,8 @@ class HFTokenizer:
                 raise TokenizerError(f"cannot load a Hugging Face tokenizer from the directory {ref}: expected "
                                      f"tokenizer.json (or vocab.json + merges.txt, or sentencepiece.bpe.model) "
                                      f"with tokenizer_config.json; it holds {files} ({reason})") from e
+            if Path(ref).is_file():
+                raise TokenizerError(f"cannot load the tokenizer of the model file {ref}: {reason}") from e
             raise TokenizerError(f"cannot load a Hugging Face tokenizer from {ref}: no such local directory, and "
                                  f"as a hub id it failed ({reason})") from e
         if not getattr(self.hf, "is_fast", False):

@@ -146,9 +146,7 @@ def check_model(cfg: ExperimentConfig, fail: Any) -> None:
     if m.rope_scaling != "none" and m.positions != "rotary":
         fail(f"model.rope_scaling={m.rope_scaling!r} scales rotary positions: it needs model.positions=rotary")
     if m.sliding_window:
-        longest = {"data.seq_len": cfg.data.seq_len}
-        longest.update({f"tasks.{t}.max_len": cfg.tasks[t].max_len for t in cfg.finetune.tasks if t in cfg.tasks})
-        for key, length in longest.items():
+        for key, length in sequence_lengths(cfg).items():
             if length > m.sliding_window:
                 fail(f"{key} ({length}) exceeds model.sliding_window ({m.sliding_window}): minimodel attends over "
                      f"the whole causal context, which equals the window only up to its length")
@@ -159,6 +157,15 @@ def check_model(cfg: ExperimentConfig, fail: Any) -> None:
     if f.objective is Objective.CAUSAL and cfg.adapt.init == "focus" and not m.tie_embeddings:
         fail("adapt.init=focus mixes the input embeddings only: use it with model.tie_embeddings=true")
     check_readout(cfg, fail)
+
+
+def sequence_lengths(cfg: ExperimentConfig, tasks: bool = True) -> dict[str, int]:
+    """The longest sequences the model runs, by the key that sets each: ``data.seq_len`` (steps 1-2) and, with
+    ``tasks``, each finetuned task's ``max_len`` (steps 3-4); what a window or a source's positions must hold."""
+    lengths = {"data.seq_len": cfg.data.seq_len}
+    if tasks:
+        lengths.update({f"tasks.{t}.max_len": cfg.tasks[t].max_len for t in cfg.finetune.tasks if t in cfg.tasks})
+    return lengths
 
 
 def check_readout(cfg: ExperimentConfig, fail: Any) -> None:

@@ -33,8 +33,6 @@ a HF ``*ForMaskedLM`` and are skipped by ``to_hf``; ``from_hf`` returns a model 
 
 from __future__ import annotations
 
-import pickle
-import re
 from pathlib import Path
 from typing import Any
 
@@ -42,25 +40,14 @@ import torch
 from torch import Tensor
 
 from minimodel.errors import CheckpointError, ConfigError
+from minimodel.models import outside
 from minimodel.models.model import PRIMARY, ModelConfig, RobertaMLM
 
 SUPPORTED_MODEL_TYPES = ("roberta", "xlm-roberta")
-SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # read first: tensors only, no pickle
-PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")  # read as data only (weights_only)
-
-
-def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "minimodel.models.hf needs Hugging Face transformers: pip install 'minimodel[hf]' (or pip install transformers)"
-        ) from e
-    return transformers
 
 
 def _check_supported(hf_config: Any, source: str) -> None:
-    """Raise ValueError naming ``source`` and the field when ``hf_config`` is not a plain RoBERTa encoder."""
+    """Raise ``ConfigError`` naming ``source`` and the field when ``hf_config`` is not a plain RoBERTa encoder."""
     position = getattr(hf_config, "position_embedding_type", None) or "absolute"  # gone from the config in v5
     checks: list[tuple[str, object, tuple[object, ...]]] = [
         ("model_type", getattr(hf_config, "model_type", None), SUPPORTED_MODEL_TYPES),
@@ -71,28 +58,37 @@ def _check_supported(hf_config: Any, source: str) -> None:
     ]
     for name, value, allowed in checks:
         if value not in allowed:
-            raise ValueError(f"{source}: unsupported {name}={value!r} (minimodel supports {name} in {list(allowed)})")
+            raise ConfigError(f"{source}: unsupported {name}={value!r} (minimodel supports {name} in {list(allowed)})")
     if getattr(hf_config, "pad_token_id", None) is None:
-        raise ValueError(f"{source}: unsupported pad_token_id=None (RoBERTa positions need a padding index)")
-    if int(getattr(hf_config, "type_vocab_size", 1)) < 1:
-        raise ValueError(f"{source}: unsupported type_vocab_size={hf_config.type_vocab_size} (need >= 1)")
+        raise ConfigError(f"{source}: unsupported pad_token_id=None (RoBERTa positions need a padding index)")
+    outside.size(hf_config, "type_vocab_size", source, default=1)
+
+
+def _sizes(hf_config: Any, source: str) -> dict[str, int]:
+    """The sizes of a RoBERTa config, each an integer in range (``outside.size``), heads dividing the width."""
+    sizes = {ours: outside.size(hf_config, theirs, source) for ours, theirs in (
+        ("vocab_size", "vocab_size"), ("hidden", "hidden_size"), ("layers", "num_hidden_layers"),
+        ("heads", "num_attention_heads"), ("ffn", "intermediate_size"), ("max_positions", "max_position_embeddings"))}
+    if sizes["hidden"] % sizes["heads"]:
+        raise ConfigError(f"{source}: num_attention_heads={sizes['heads']} does not divide hidden_size="
+                          f"{sizes['hidden']} (each head takes an equal share of the width)")
+    pad = getattr(hf_config, "pad_token_id", None)
+    if isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < sizes["vocab_size"]:
+        raise ConfigError(f"{source}: pad_token_id={pad!r} is not a token id below vocab_size={sizes['vocab_size']}")
+    return sizes
 
 
 def hf_config_to_model_config(hf_config: Any, source: str = "hf config") -> ModelConfig:
-    """Our ``ModelConfig`` for a HF ``RobertaConfig`` / ``XLMRobertaConfig`` (ValueError if unsupported)."""
+    """Our ``ModelConfig`` for a HF ``RobertaConfig`` / ``XLMRobertaConfig`` (``ConfigError`` naming the field if
+    unsupported)."""
     _check_supported(hf_config, source)
     return ModelConfig(
-        vocab_size=int(hf_config.vocab_size),
-        hidden=int(hf_config.hidden_size),
-        layers=int(hf_config.num_hidden_layers),
-        heads=int(hf_config.num_attention_heads),
-        ffn=int(hf_config.intermediate_size),
-        max_positions=int(hf_config.max_position_embeddings),
-        dropout=float(hf_config.hidden_dropout_prob),
-        attn_dropout=float(hf_config.attention_probs_dropout_prob),
-        layer_norm_eps=float(hf_config.layer_norm_eps),
+        **_sizes(hf_config, source),
+        dropout=outside.field_number(hf_config, "hidden_dropout_prob", source, fraction=True),
+        attn_dropout=outside.field_number(hf_config, "attention_probs_dropout_prob", source, fraction=True),
+        layer_norm_eps=outside.field_number(hf_config, "layer_norm_eps", source),
         pad_id=int(hf_config.pad_token_id),
-        init_std=float(getattr(hf_config, "initializer_range", 0.02)),
+        init_std=outside.field_number(hf_config, "initializer_range", source, 0.02),
     )
 
 
@@ -127,7 +123,8 @@ def hf_state_dict_to_ours(hf_sd: dict[str, Tensor], cfg: ModelConfig, source: st
     words = get("roberta.embeddings.word_embeddings.weight")
     decoder = hf_sd.get("lm_head.decoder.weight")
     if decoder is not None and not torch.equal(decoder.detach().to(torch.float32), words):
-        raise ValueError(f"{source}: lm_head.decoder.weight differs from the word embeddings; minimodel ties them")
+        raise CheckpointError(f"{source}: lm_head.decoder.weight differs from the word embeddings (tie_word_embeddings="
+                              f"false?); minimodel ties them")
     token_type0 = get("roberta.embeddings.token_type_embeddings.weight")[0]
     ours: dict[str, Tensor] = {
         "embeddings.tokens.weight": words,
@@ -166,103 +163,35 @@ def our_state_dict_to_hf(model: RobertaMLM) -> dict[str, Tensor]:
     return hf
 
 
-def from_hf(path: str | Path) -> RobertaMLM:
+def from_hf(path: str | Path, lengths: dict[str, int] | None = None) -> RobertaMLM:
     """Load a HF ``RobertaForMaskedLM`` / ``XLMRobertaForMaskedLM`` (local directory or hub id) as ``RobertaMLM``.
 
-    Outputs match HF's (eval mode, ``token_type_ids`` left at 0) up to float rounding. Raises ValueError
-    for an unsupported config, a checkpoint missing weights, or an untied output projection. The weights are
-    ``model.safetensors`` whenever the directory has it; a ``pytorch_model.bin`` (a pickle) is read as plain data
-    only, and one that holds Python objects is refused (``CheckpointError``) as minimodel's own checkpoints are.
+    Outputs match HF's (eval mode, ``token_type_ids`` left at 0) up to float rounding. Read through the one door for
+    outside models (``outside``): an unreadable source is a ``CheckpointError``, an unsupported config a
+    ``ConfigError`` naming the field, a model that would not fit the memory available a ``ConfigError`` with the
+    figures, before anything is built; ``lengths`` (``families.sequence_lengths``): the sequences it will run,
+    checked against its positions. The weights are ``model.safetensors`` whenever the directory has it; a
+    ``pytorch_model.bin`` (a pickle) is read as plain data only, and one that holds Python objects is refused
+    (``CheckpointError``) as minimodel's own checkpoints are; an untied output projection is a ``CheckpointError``.
     """
-    tf = _transformers()
-    source = str(path)
-    hf_config = tf.AutoConfig.from_pretrained(source)
-    cfg = hf_config_to_model_config(hf_config, source)
+    tf = outside.transformers()
+    src = outside.source(path)
+    hf_config = outside.read_config(src, SUPPORTED_MODEL_TYPES, "encoder")
+    cfg = outside.model_config(hf_config_to_model_config, hf_config, src)
+    outside.check_memory(cfg, src)
+    outside.check_lengths(cfg, lengths or {}, src)
     cls = tf.XLMRobertaForMaskedLM if hf_config.model_type == "xlm-roberta" else tf.RobertaForMaskedLM
-    weights, options = _weights(source)
-    check_weights(weights, cls, hf_config, source)
-    try:
-        hf_model, info = cls.from_pretrained(source, config=hf_config, output_loading_info=True, **options)
-    except pickle.UnpicklingError as e:  # transformers reads pickles with torch.load(weights_only=True)
-        raise _not_plain_data(weights or f"the weights of {source} (pytorch_model.bin)", e) from e
-    tied = {"lm_head.decoder.weight", "lm_head.decoder.bias"}
-    missing = sorted(set(info.get("missing_keys", ())) - tied)
-    if missing:
-        raise CheckpointError(f"{source}: checkpoint lacks {missing} (need a complete *ForMaskedLM checkpoint)")
+    hf_model, info = outside.load_weights(cls, src, hf_config)
+    outside.missing_weights(info, src, {"lm_head.decoder.weight", "lm_head.decoder.bias"}, "*ForMaskedLM")
     model = RobertaMLM(cfg)
-    model.load_state_dict(hf_state_dict_to_ours(hf_model.state_dict(), cfg, source), strict=True)
+    model.load_state_dict(outside.convert(src, lambda: hf_state_dict_to_ours(hf_model.state_dict(), cfg, src.name)),
+                          strict=True)
     model.tie_weights()
     return model.eval()
 
 
-def _weights(source: str) -> tuple[str, dict[str, Any]]:
-    """The weights file ``from_pretrained`` reads in a local model directory ("" for a hub id, where transformers
-    also takes ``model.safetensors`` first) and the options that make it read that one: ``model.safetensors``
-    whenever the directory has it, a pickled ``pytorch_model.bin`` only when it has nothing else."""
-    directory = Path(source)
-    if not directory.is_dir():
-        return "", {}
-    for name in SAFE_WEIGHTS:
-        if (directory / name).is_file():
-            return str(directory / name), {"use_safetensors": True}
-    for name in PICKLE_WEIGHTS:
-        if (directory / name).is_file():
-            return str(directory / name), {"use_safetensors": False}
-    raise CheckpointError(f"{source}: no model weights in this Hugging Face model directory (expected "
-                          f"{' or '.join(SAFE_WEIGHTS + PICKLE_WEIGHTS)}, as save_pretrained writes them)")
-
-
-FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
-"""The safetensors dtypes minimodel reads as weights (any other: integers, booleans, 8-bit floats, is refused)."""
-
-
-def check_weights(weights: str, build: Any, hf_config: Any, source: str) -> None:
-    """Before transformers reads ``weights`` (a ``model.safetensors``; other files are left to their loader): a file
-    safetensors can read, floating-point tensors only (integers would be cast to float without a word: a quantised
-    or damaged checkpoint), and every tensor the model ``build(hf_config)`` (built on the meta device: no memory)
-    has at the shape it has there (a config and weights of different models). Each refusal is a ``CheckpointError`` naming the file and tensor."""
-    if not weights.endswith(".safetensors"):
-        return
-    from safetensors import safe_open
-
-    try:
-        with safe_open(weights, framework="pt") as f:
-            slices = {k: f.get_slice(k) for k in f.keys()}
-            found = {k: (tuple(v.get_shape()), v.get_dtype()) for k, v in slices.items()}
-    except Exception as e:  # safetensors' own error types, or an OSError
-        raise CheckpointError(f"{weights}: not a readable safetensors file ({str(e).splitlines()[0] if str(e) else type(e).__name__}): "
-                              f"the download or copy is damaged; fetch or save the model again") from None
-    odd = [f"{k} ({d})" for k, (_, d) in sorted(found.items()) if d not in FLOAT_DTYPES]
-    if odd:
-        raise CheckpointError(f"{weights}: weights stored as {', '.join(odd[:3])}{', ...' if len(odd) > 3 else ''}: "
-                              f"minimodel reads floating-point weights ({', '.join(FLOAT_DTYPES)}); a quantised or "
-                              f"damaged checkpoint would be cast to float without meaning: use the float model")
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in build(hf_config).state_dict().items()}
-    wrong = [f"{k} {list(found[k][0])} (config {source}: {list(expected[k])})"
-             for k in sorted(found) if k in expected and found[k][0] != expected[k]]
-    if wrong:
-        raise CheckpointError(f"{weights}: tensor shapes disagree with the model its config describes: "
-                              f"{'; '.join(wrong[:3])}{'; ...' if len(wrong) > 3 else ''}: the config and the weights "
-                              f"are of different models")
-
-
-def _not_plain_data(weights: str, e: pickle.UnpicklingError) -> CheckpointError:
-    """The refusal of a pickled weights file that holds more than plain data, in the form minimodel uses for its own
-    checkpoints (``checkpoints.load_checkpoint``), with the way out: the model's weights as safetensors."""
-    unsafe = re.search(r"unsupported global:? (GLOBAL )?(\S+)", str(e), re.IGNORECASE)
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    what = (f"it holds a Python object ({unsafe.group(2)}) whose loading could run code" if unsafe else
-            f"it is not readable as plain data ({lines[-1] if lines else type(e).__name__})")
-    return CheckpointError(
-        f"refusing to load {weights}: {what}; minimodel reads checkpoints as plain data (tensors, numbers, strings, "
-        f"lists) only. Do not use files of unknown origin; convert a model you trust to safetensors, which holds "
-        f"tensors only: load it with transformers and save it with save_pretrained(DIR) (transformers 5 writes "
-        f"model.safetensors; older versions need safe_serialization=True), then set bridge.source=DIR")
-
-
 def _hf_config(cfg: ModelConfig, xlmr: bool = False, **extra: Any) -> Any:
-    tf = _transformers()
+    tf = outside.transformers()
     config_cls = tf.XLMRobertaConfig if xlmr else tf.RobertaConfig
     return config_cls(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
@@ -280,7 +209,7 @@ def to_hf(model: RobertaMLM, path: str | Path, xlmr: bool = False) -> None:
     The primary head becomes ``lm_head``; secondary mini heads are not exported. Token-type embeddings
     are a single zero row (``type_vocab_size=1``), bos/eos ids are 0/2, pad is ``model.cfg.pad_id``.
     """
-    tf = _transformers()
+    tf = outside.transformers()
     model_cls = tf.XLMRobertaForMaskedLM if xlmr else tf.RobertaForMaskedLM
     hf_model = model_cls(_hf_config(model.cfg, xlmr))
     hf_model.load_state_dict(our_state_dict_to_hf(model), strict=True)
@@ -300,7 +229,7 @@ def task_to_hf(body: RobertaMLM, head: torch.nn.Module, labels: list[str], qa: b
                           f"reads {'every token' if qa else '<s>'} of the last layer; this model was finetuned to read "
                           f"{'every token' if qa else pooling} of layer {layer} of {body.cfg.layers} (finetune.pool, "
                           f"finetune.layer): export its adapted language model (without task=)")
-    tf = _transformers()
+    tf = outside.transformers()
     encoder = {k: v for k, v in our_state_dict_to_hf(body).items() if k.startswith("roberta.")}
     heads = {k: v.detach().cpu() for k, v in head.state_dict().items()}
     if qa:
@@ -324,7 +253,7 @@ def fast_tokenizer(sentencepiece_model: str | Path, model_max_length: int, causa
     converter), RoBERTa's templates ``<s> A </s>`` and ``<s> A </s></s> B </s>`` (``causal``: ``<s> A``, a prompt
     that the model goes on from, and ``<s> A </s> B``), and the special tokens ``<s> <pad> </s> <unk> <mask>`` at
     ids 0-4."""
-    tf = _transformers()
+    tf = outside.transformers()
     from tokenizers import processors
     from transformers.convert_slow_tokenizer import SpmConverter
 

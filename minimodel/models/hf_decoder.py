@@ -2,8 +2,9 @@
 ``LlamaForCausalLM``; the decoder family's ``hf`` module (``families.hf_module``).
 
 Needs ``transformers`` (``pip install minimodel[hf]``); it is imported only inside the functions. ``from_hf`` reads a
-local directory or a hub id, exactly as ``hf.from_hf`` does for RoBERTa (safetensors first; a pickled
-``pytorch_model.bin`` only as plain data).
+local directory, a hub id or a GGUF file through the one door for outside models (``outside``), as ``hf.from_hf`` does
+for RoBERTa (safetensors first; a pickled ``pytorch_model.bin`` only as plain data; sizes checked before anything is
+built; every failure the project's error naming the file).
 
 GPT-2 (``model_type: gpt2``) -> ``norm: layernorm, positions: learned, activation: gelu_tanh`` (``gelu_new``;
 ``gelu`` too), biases, tied embeddings. Weights (``T.`` = ``transformer.``, ``H.`` = ``T.h.{i}.``; GPT-2's ``Conv1D``
@@ -42,7 +43,6 @@ end-of-sequence id (the tokenizer side does the same: ``HFTokenizer(causal=True)
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +50,12 @@ import torch
 from torch import Tensor
 
 from minimodel.config.schema import PRIMARY, ModelConfig
-from minimodel.errors import CheckpointError
-from minimodel.log import get_logger, quiet_gguf
+from minimodel.errors import CheckpointError, ConfigError
+from minimodel.log import get_logger
+from minimodel.models import outside
 from minimodel.models.decoder import DecoderLM
 from minimodel.models.decoder_task import task_to_hf  # noqa: F401  (minimodel export task=T: the family's task export)
-from minimodel.models.gguf import gguf_summary, hf_source
-from minimodel.models.hf import _not_plain_data, _transformers, _weights, check_weights
+from minimodel.models.gguf import gguf_summary
 
 log = get_logger(__name__)
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
@@ -63,14 +63,22 @@ GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "
 
 def _first(value: Any) -> int | None:
     if isinstance(value, (list, tuple)):
-        return int(value[0]) if value else None
-    return None if value is None else int(value)
+        value = value[0] if value else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _pad(hf_config: Any) -> int:
+def _pad(hf_config: Any, vocab: int, source: str) -> int:
+    """``pad_token_id``, else the (first) end-of-sequence id, else 0: a token id below ``vocab``."""
     pad = _first(getattr(hf_config, "pad_token_id", None))
-    pad = pad if pad is not None else _first(getattr(hf_config, "eos_token_id", None))
-    return 0 if pad is None else pad
+    name = "pad_token_id"
+    if pad is None:
+        pad, name = _first(getattr(hf_config, "eos_token_id", None)), "eos_token_id"
+    if pad is None:
+        return 0
+    if not 0 <= pad < vocab:
+        raise ConfigError(f"{source}: {name}={pad!r} is not a token id below vocab_size={vocab} (minimodel pads "
+                          f"with it)")
+    return pad
 
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -88,40 +96,66 @@ def _rope(hf_config: Any) -> dict[str, Any]:
     return params
 
 
-def _window(hf_config: Any, kind: str) -> int:
+class _Fields:
+    """A dict's items as attributes (the rope settings, for ``outside.size``)."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+
+def _window(hf_config: Any, kind: str, source: str) -> int:
     """The sliding attention window of any layer (0: none)."""
     window = getattr(hf_config, "sliding_window", None)
     if kind in ("qwen2", "qwen3"):
         sliding = "sliding_attention" in (getattr(hf_config, "layer_types", None) or [])
         window = window if sliding or getattr(hf_config, "use_sliding_window", False) else None
-    return int(window or 0)
+    return 0 if window is None else outside.size(hf_config, "sliding_window", source, low=0)
 
 
-def _llama_like(hf_config: Any, kind: str, refuse: Any) -> ModelConfig:
-    heads, hidden = int(hf_config.num_attention_heads), int(hf_config.hidden_size)
+def _llama_like(hf_config: Any, kind: str, refuse: Any, source: str) -> ModelConfig:
+    size = lambda name, default=None: outside.size(hf_config, name, source, default)  # noqa: E731
+    heads, hidden, vocab = size("num_attention_heads"), size("hidden_size"), size("vocab_size")
     rope = _rope(hf_config)
     checks = [("hidden_act", hf_config.hidden_act, ("silu",)), ("mlp_bias", bool(getattr(hf_config, "mlp_bias", False)), (False,)),
               ("rope_type", rope["rope_type"], tuple(ROPE_TYPES))]
+    partial = rope.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None))
+    if partial is not None:  # transformers rotates that share of each head's features (Phi's, StableLM's): ours all
+        checks.append(("partial_rotary_factor", partial, (1, 1.0)))
+    if kind == "qwen3":  # Qwen3's attention_bias biases q, k, v and the output projection: the family has q/k/v only
+        checks.append(("attention_bias", bool(getattr(hf_config, "attention_bias", False)), (False,)))
     for name, value, allowed in checks:
         if value not in allowed:
             raise refuse(name, value, f"in {list(allowed)}")
-    head_dim = int(getattr(hf_config, "head_dim", None) or hidden // heads)
-    kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
+    if hidden % heads and getattr(hf_config, "head_dim", None) is None:
+        raise ConfigError(f"{source}: num_attention_heads={heads} does not divide hidden_size={hidden}, and no "
+                          f"head_dim is set")
+    head_dim = size("head_dim", hidden // heads)
+
+    def rope_number(name: str, default: float) -> float:
+        value = rope.get(name)
+        return default if value is None else outside.number(value, f"rope_scaling.{name}", source)
+
+    kv_heads = size("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise ConfigError(f"{source}: num_key_value_heads={kv_heads} does not divide num_attention_heads={heads} "
+                          f"(each key/value head serves a group of query heads)")
     return ModelConfig(
         family="decoder", norm="rmsnorm", positions="rotary", activation="swiglu", bias=False,
-        tie_embeddings=bool(hf_config.tie_word_embeddings), vocab_size=int(hf_config.vocab_size), hidden=hidden,
-        layers=int(hf_config.num_hidden_layers), heads=heads, ffn=int(hf_config.intermediate_size),
-        max_positions=int(hf_config.max_position_embeddings), dropout=0.0,
-        attn_dropout=float(getattr(hf_config, "attention_dropout", 0.0)),
-        layer_norm_eps=float(hf_config.rms_norm_eps), pad_id=_pad(hf_config),
-        init_std=float(hf_config.initializer_range), rope_theta=float(rope["rope_theta"]),
+        tie_embeddings=bool(hf_config.tie_word_embeddings), vocab_size=vocab, hidden=hidden,
+        layers=size("num_hidden_layers"), heads=heads, ffn=size("intermediate_size"),
+        max_positions=size("max_position_embeddings"), dropout=0.0,
+        attn_dropout=outside.field_number(hf_config, "attention_dropout", source, 0.0, fraction=True),
+        layer_norm_eps=outside.field_number(hf_config, "rms_norm_eps", source), pad_id=_pad(hf_config, vocab, source),
+        init_std=outside.field_number(hf_config, "initializer_range", source),
+        rope_theta=outside.number(rope["rope_theta"], "rope_theta", source),
         kv_heads=0 if kv_heads == heads else kv_heads,
         head_size=0 if head_dim * heads == hidden else head_dim, rope_scaling=ROPE_TYPES[rope["rope_type"]],
-        rope_factor=float(rope.get("factor", 1.0)), rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
-        rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
-        rope_original_max_positions=int(rope.get("original_max_position_embeddings", 8192)),
+        rope_factor=rope_number("factor", 1.0), rope_low_freq_factor=rope_number("low_freq_factor", 1.0),
+        rope_high_freq_factor=rope_number("high_freq_factor", 4.0),
+        rope_original_max_positions=outside.size(_Fields(rope), "original_max_position_embeddings",
+                                                 f"{source} (rope_scaling)", 8192),
         qkv_bias=kind == "qwen2" or (kind == "llama" and bool(getattr(hf_config, "attention_bias", False))),
-        qk_norm=kind == "qwen3", sliding_window=_window(hf_config, kind))
+        qk_norm=kind == "qwen3", sliding_window=_window(hf_config, kind, source))
 
 
 def hf_type(cfg: ModelConfig) -> str:
@@ -131,12 +165,12 @@ def hf_type(cfg: ModelConfig) -> str:
 
 
 def hf_config_to_model_config(hf_config: Any, source: str = "hf config") -> ModelConfig:
-    """Our ``ModelConfig`` (family decoder) of a ``GPT2Config`` or ``LlamaConfig``; ValueError naming ``source`` and the
-    field for anything else."""
+    """Our ``ModelConfig`` (family decoder) of a ``GPT2Config`` or ``LlamaConfig``; a ``ConfigError`` naming ``source``
+    and the field for anything else."""
     kind = getattr(hf_config, "model_type", None)
 
-    def refuse(name: str, value: object, allowed: object) -> ValueError:
-        return ValueError(f"{source}: unsupported {name}={value!r} (minimodel supports {name} {allowed})")
+    def refuse(name: str, value: object, allowed: object) -> ConfigError:
+        return ConfigError(f"{source}: unsupported {name}={value!r} (minimodel supports {name} {allowed})")
 
     if kind == "gpt2":
         act = hf_config.activation_function
@@ -147,16 +181,23 @@ def hf_config_to_model_config(hf_config: Any, source: str = "hf config") -> Mode
                 raise refuse(name, True, "= false")
         if not getattr(hf_config, "scale_attn_weights", True):
             raise refuse("scale_attn_weights", False, "= true")
+        if not getattr(hf_config, "tie_word_embeddings", True):  # GPT-2's output projection is its token embeddings
+            raise refuse("tie_word_embeddings", False, "= true for gpt2")
+        size = lambda name, default=None: outside.size(hf_config, name, source, default)  # noqa: E731
+        hidden, heads, vocab = size("n_embd"), size("n_head"), size("vocab_size")
+        if hidden % heads:
+            raise ConfigError(f"{source}: n_head={heads} does not divide n_embd={hidden} (each head takes an equal "
+                              f"share of the width)")
         return ModelConfig(
             family="decoder", norm="layernorm", positions="learned", activation=GPT2_ACTIVATIONS[act], bias=True,
-            tie_embeddings=True, vocab_size=int(hf_config.vocab_size), hidden=int(hf_config.n_embd),
-            layers=int(hf_config.n_layer), heads=int(hf_config.n_head),
-            ffn=int(hf_config.n_inner or 4 * hf_config.n_embd), max_positions=int(hf_config.n_positions),
-            dropout=float(hf_config.resid_pdrop), attn_dropout=float(hf_config.attn_pdrop),
-            layer_norm_eps=float(hf_config.layer_norm_epsilon), pad_id=_pad(hf_config),
-            init_std=float(hf_config.initializer_range))
+            tie_embeddings=True, vocab_size=vocab, hidden=hidden, layers=size("n_layer"), heads=heads,
+            ffn=size("n_inner", 4 * hidden), max_positions=size("n_positions"),
+            dropout=outside.field_number(hf_config, "resid_pdrop", source, fraction=True),
+            attn_dropout=outside.field_number(hf_config, "attn_pdrop", source, fraction=True),
+            layer_norm_eps=outside.field_number(hf_config, "layer_norm_epsilon", source),
+            pad_id=_pad(hf_config, vocab, source), init_std=outside.field_number(hf_config, "initializer_range", source))
     if kind in LLAMA_TYPES:
-        return _llama_like(hf_config, kind, refuse)
+        return _llama_like(hf_config, kind, refuse, source)
     raise refuse("model_type", kind, f"in {['gpt2', *LLAMA_TYPES]} for model.family=decoder")
 
 
@@ -218,7 +259,7 @@ def hf_state_dict_to_ours(hf_sd: dict[str, Tensor], cfg: ModelConfig) -> dict[st
         # Llama's attention_bias (what a Qwen2 export is written as) biases the output projection too: ours has none
         o_bias = [k for k in hf_sd if k.endswith("self_attn.o_proj.bias") and bool(hf_sd[k].detach().any())]
         if o_bias:
-            raise ValueError(f"attention_bias with a non-zero output-projection bias ({o_bias[0]}, ...): the decoder "
+            raise CheckpointError(f"attention_bias with a non-zero output-projection bias ({o_bias[0]}, ...): the decoder "
                              f"family has q/k/v biases only (Qwen2's); a Llama written by minimodel export has zeros")
     if cfg.tie_embeddings:
         ours[f"heads.{PRIMARY}.decoder.weight"] = ours["embeddings.tokens.weight"]
@@ -239,44 +280,27 @@ def our_state_dict_to_hf(model: DecoderLM) -> dict[str, Tensor]:
     return hf
 
 
-def from_hf(path: str | Path) -> DecoderLM:
+def from_hf(path: str | Path, lengths: dict[str, int] | None = None) -> DecoderLM:
     """Load a Hugging Face causal LM of the decoder family (``GPT2LMHeadModel``, or a Llama-family model: Llama,
     Mistral, Qwen2, Qwen3; a local directory, a hub id, or a GGUF file / a directory holding one, dequantised to
-    float32 on load) as ``DecoderLM``; its logits match the HF model's (eval mode) up to float rounding."""
-    tf = _transformers()
-    source = str(path)
-    where, options = hf_source(source)
-    try:
-        hf_config = tf.AutoConfig.from_pretrained(where, **options)
-    except (ValueError, OSError, KeyError, EOFError) as e:  # a damaged GGUF file or config.json (ImportError: as is)
-        what = ("a readable GGUF file" if options else "a readable model directory (its config.json)"
-                if Path(where).is_dir() else "a model id the hub answers for here")
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"{source}: not {what}: {first}; check the path or id, or fetch the model "
-                              f"again") from None
-    cfg = hf_config_to_model_config(hf_config, source)
-    weights, more = ("", {}) if options else _weights(where)
-    if options:
-        log.info(f"{source}: {gguf_summary(where, options['gguf_file'])}; dequantised to float32")
-        quiet_gguf()  # --no-progress: not the conversion's bar either
-    else:
-        check_weights(weights, tf.AutoModelForCausalLM.from_config, hf_config, source)
-    try:
-        hf_model, info = tf.AutoModelForCausalLM.from_pretrained(where, config=hf_config, output_loading_info=True,
-                                                                 dtype=torch.float32, **more, **options)
-    except pickle.UnpicklingError as e:
-        raise _not_plain_data(weights or f"the weights of {source} (pytorch_model.bin)", e) from e
-    except (RuntimeError, ValueError, KeyError) as e:
-        if not options:  # a directory's safetensors were checked before (check_weights): not a file problem
-            raise
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"{source}: the GGUF file's tensors do not load as the model its metadata describes "
-                              f"({first}): a damaged or altered file; fetch it again") from None
-    missing = sorted(set(info.get("missing_keys", ())) - ({"lm_head.weight"} if cfg.tie_embeddings else set()))
-    if missing:
-        raise CheckpointError(f"{source}: checkpoint lacks {missing} (need a complete *ForCausalLM checkpoint)")
+    float32 on load) as ``DecoderLM``; its logits match the HF model's (eval mode) up to float rounding. Read through
+    the one door for outside models (``outside``): every failure is the project's error naming the file; sizes are
+    checked before anything is built, and ``lengths`` (``families.sequence_lengths``) against the source's positions
+    and sliding window."""
+    tf = outside.transformers()
+    src = outside.source(path)
+    hf_config = outside.read_config(src, ("gpt2", *LLAMA_TYPES), "decoder")
+    cfg = outside.model_config(hf_config_to_model_config, hf_config, src)
+    outside.check_memory(cfg, src)
+    outside.check_lengths(cfg, lengths or {}, src)
+    if src.gguf is not None:
+        log.info(f"{src.name}: {gguf_summary(src.where, src.gguf.name)}; dequantised to float32")
+    hf_model, info = outside.load_weights(tf.AutoModelForCausalLM, src, hf_config,
+                                          build=tf.AutoModelForCausalLM.from_config, dtype=torch.float32)
+    outside.missing_weights(info, src, {"lm_head.weight"} if cfg.tie_embeddings else set(), "*ForCausalLM")
     model = DecoderLM(cfg)
-    model.load_state_dict(hf_state_dict_to_ours(hf_model.state_dict(), cfg), strict=True)
+    model.load_state_dict(outside.convert(src, lambda: hf_state_dict_to_ours(hf_model.state_dict(), cfg)),
+                          strict=True)
     model.tie_weights()
     return model.eval()
 
@@ -331,7 +355,7 @@ def export_type(cfg: ModelConfig, new_tokenizer: bool) -> str:
 def hf_config(cfg: ModelConfig, bos: int, eos: int, pad: int, kind: str | None = None) -> Any:
     """The transformers config of ``cfg`` (``GPT2Config``, or ``LlamaConfig`` / ``MistralConfig`` / ``Qwen2Config`` /
     ``Qwen3Config`` by ``kind``, by default ``hf_type``); ValueError for options none of them has."""
-    tf = _transformers()
+    tf = outside.transformers()
     if cfg.positions == "learned" and cfg.norm == "layernorm" and cfg.bias and cfg.tie_embeddings and \
             cfg.activation in ("gelu_tanh", "gelu") and not cfg.llama_options():
         return tf.GPT2Config(
@@ -366,7 +390,7 @@ def to_hf(model: DecoderLM, path: str | Path, bos: int = 0, eos: int = 2, pad: i
     default a SentencePiece model's <s> 0, </s> 2, <pad> 1: what ``minimodel export`` writes, whatever the source
     model's tokenizer padded with); ``new_tokenizer``: a tokenizer other than the type's own goes beside it (the
     written type: ``export_type``)."""
-    tf = _transformers()
+    tf = outside.transformers()
     kind = None if _is_gpt2(model.cfg) else export_type(model.cfg, new_tokenizer)
     config = hf_config(model.cfg, bos, eos, pad, kind)
     hf_model = tf.AutoModelForCausalLM.from_config(config)

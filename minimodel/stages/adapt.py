@@ -69,9 +69,10 @@ def adaptation_body(cfg: ExperimentConfig, plan: StagePlan) -> tuple[RobertaMLM,
     phase's head, their output biases tied into one."""
     r, kind = plan.runs, plan.body
     if not plan.reads:  # standard adaptation over a public primary model (bridge.source): no run to read
+        from minimodel.models.families import sequence_lengths
         from minimodel.stages.bridge import load_primary
 
-        model, trained_with = load_primary(r.primary, cfg.model.family)
+        model, trained_with = load_primary(r.primary, cfg.model.family, sequence_lengths(cfg, tasks=False))
         meta = TrainingMeta(stage="external", system=cfg.system, lang=cfg.source_lang,
                             model_config=asdict(model.cfg), tokenizer=trained_with)
         return BODIES[kind](model, plan), r.primary, meta

@@ -20,7 +20,7 @@ from minimodel.flops import LayerShape, bridge_flops
 from minimodel.log import get_logger, process_rank
 from minimodel.models.bridge_init import AffineFit, fit_affine, layer_states, mean_lm_loss
 from minimodel.models.families import DEFAULT as DEFAULT_FAMILY
-from minimodel.models.families import hf_module, predicted_share
+from minimodel.models.families import hf_module, predicted_share, sequence_lengths
 from minimodel.models.model import RobertaMLM
 from minimodel.models.surgery import bridge_trainable, build_minipost, primary_only, trainable_parameters
 from minimodel.store import atomic
@@ -34,18 +34,21 @@ from minimodel.training.runner import Runner, Stage, StageResult, Training
 log = get_logger(__name__)
 
 
-def load_primary(source: str, family: str = DEFAULT_FAMILY, stage: str = "") -> tuple[RobertaMLM, dict]:
+def load_primary(source: str, family: str = DEFAULT_FAMILY, lengths: dict[str, int] | None = None,
+                 stage: str = "") -> tuple[RobertaMLM, dict]:
     """A training checkpoint file (without its secondary heads) and the tokenizer record stored with it, or a
     Hugging Face model directory / hub id of the model family ``family`` (``model.family``; read by that family's
-    ``from_hf``), whose tokenizer is its own: an empty record. ``stage``: the stage (pretrain) of this experiment
-    whose finished run wrote ``source`` (its final checkpoint: a damaged one is rebuilt by rerunning it); "" for
-    ``bridge.source``, a file of the user's, which no message ever says to delete."""
+    ``from_hf``), whose tokenizer is its own: an empty record. ``lengths`` (``families.sequence_lengths``): the
+    sequences an outside model will run, checked against its own positions and window before it is loaded.
+    ``stage``: the stage (pretrain) of this experiment whose finished run wrote ``source`` (its final checkpoint: a
+    damaged one is rebuilt by rerunning it); "" for ``bridge.source``, a file of the user's, which no message ever says
+    to delete."""
     path = Path(source)
     if stage:
         model, meta = load_final_model(path, stage)
         return primary_only(model), meta.tokenizer
     if is_hf_source(source):  # a directory, a hub id, or a GGUF file; in training mode, as a checkpoint loads
-        return hf_module(family).from_hf(source).train(), {}
+        return hf_module(family).from_hf(source, lengths=lengths).train(), {}
     if path.is_file():
         try:
             model, meta = load_trained_model(path)
@@ -115,7 +118,8 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
             if not is_done(run):
                 raise CheckpointError(f"the bridge needs a finished primary model: {run} is not complete "
                                       f"(pretrain it first, or set bridge.source)")
-        primary, trained_with = load_primary(r.primary, cfg.model.family, "pretrain" if plan.reads else "")
+        primary, trained_with = load_primary(r.primary, cfg.model.family, sequence_lengths(cfg, tasks=False),
+                                             stage="pretrain" if plan.reads else "")
         return primary, load_source_tokenizer(cfg, primary, f"bridge.source={r.primary}", trained_with)
 
     def build(inputs: tuple[RobertaMLM, AnyTokenizer]) -> Training:

@@ -168,9 +168,10 @@ def finetune_body(cfg: ExperimentConfig, plan: StagePlan) -> tuple[RobertaMLM, s
     ``body=mini`` the mini-model cut from it; the checkpoint it came from and the tokenizer record stored there."""
     r = plan.runs
     if plan.external_primary:
+        from minimodel.models.families import sequence_lengths
         from minimodel.stages.bridge import load_primary
 
-        model, trained_with = load_primary(r.primary, cfg.model.family)
+        model, trained_with = load_primary(r.primary, cfg.model.family, sequence_lengths(cfg))
         return model, r.primary, trained_with
     path = Path(r.primary)
     if not path.exists() and not any(is_done(run) for run in plan.reads):  # a finished run's: rebuilt (below)

@@ -25,7 +25,7 @@ from minimodel.errors import UserError
 from minimodel.flops import LayerShape, adapt_flops
 from minimodel.log import get_logger
 from minimodel.models.bridge_init import LayerRow, layer_table
-from minimodel.models.families import predicted_share
+from minimodel.models.families import predicted_share, sequence_lengths
 from minimodel.stages.bridge import fit_blocks, load_primary
 from minimodel.store import atomic
 from minimodel.systems import stage_plan
@@ -37,7 +37,8 @@ def layer_rows(cfg: ExperimentConfig) -> tuple[list[dict], dict]:
     """The table's rows (one per layer) and what they were measured on."""
     plan = stage_plan(cfg, "bridge")
     source = plan.runs.primary
-    primary, trained_with = load_primary(source, cfg.model.family, "pretrain" if plan.reads else "")
+    primary, trained_with = load_primary(source, cfg.model.family, sequence_lengths(cfg, tasks=False),
+                                         stage="pretrain" if plan.reads else "")
     tok = load_source_tokenizer(cfg, primary, f"bridge.source={source}", trained_with)
     b = cfg.bridge
     data = mlm_datamodule(cfg, cfg.source_lang, b.optim, b.trainer.seed, tok)

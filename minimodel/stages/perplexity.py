@@ -80,9 +80,11 @@ class Perplexity:
         """``{"perplexity": ..., "loss_per_char": ...}`` of the checkpoint at ``path``."""
         if path not in self.done:
             if self.model is None:
+                from minimodel.models.families import sequence_lengths
                 from minimodel.stages.bridge import load_primary
 
-                self.model, _ = load_primary(self.r.primary, self.cfg.model.family)
+                self.model, _ = load_primary(self.r.primary, self.cfg.model.family,
+                                             sequence_lengths(self.cfg, tasks=False))
             plug_embeddings(self.model, adapted, tok.sha256, tok.vocab_size)
             self.model.to(self.device)
             self.done[path] = held_out_loss(self.model, self.cfg, lang, tok, self.device, self.cfg.finetune.eval_batch)
