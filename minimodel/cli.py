@@ -100,8 +100,9 @@ def cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     if args.adapt_missing and cfg.models_from:
         for step in steps:
             if step.stage == "adapt":
-                log.warning(f"run --adapt-missing: {step.name} adapts into experiment {cfg.models_from}'s runs "
-                            f"({step.run_dir}), which this experiment reuses")
+                log.warning(f"run --adapt-missing: {step.name}: experiment {cfg.models_from} has no such adaptation; "
+                            f"it is made in this experiment's own runs ({step.run_dir}), never in "
+                            f"{cfg.models_from}'s")
     for step in steps:
         log.info(f"run {step.name}: minimodel {' '.join(step.args)}")
         extra = ["--no-progress"] if args.no_progress else []
@@ -290,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--langs", default="", help="comma-separated languages (default: source + targets)")
         if name == "run":
             s.add_argument("--adapt-missing", action="store_true",
-                           help="with models_from: adapt the target languages the reused experiment lacks into it")
+                           help="with models_from: adapt the target languages the reused experiment lacks, in this experiment's own runs")
         if name == "report":
             s.add_argument("--out", default="", help="where to write the report (default runs_dir/NAME/report.md); "
                                                      "its plots go to plots/ beside it")

@@ -64,7 +64,7 @@ def finished_steps(config: str, steps: list[Step]) -> frozenset[str]:
     from minimodel.data.prepare import is_prepared
     from minimodel.store.identity import check_finished
     from minimodel.store.layout import is_done
-    from minimodel.store.provenance import recorded_inputs, stale_inputs
+    from minimodel.store.provenance import recorded_producers, stale_inputs
 
     out = set()
     for step in steps:
@@ -78,8 +78,7 @@ def finished_steps(config: str, steps: list[Step]) -> frozenset[str]:
             check_finished(load_experiment(config, list(step.args[2:])), step.stage_name, Path(step.run_dir))
         except ConfigError:
             continue  # finished with other settings: the job runs and says so
-        recorded = {k: Path(v["run"]) for k, v in recorded_inputs(Path(step.run_dir)).items()
-                    if isinstance(v, dict) and v.get("run")}
+        recorded = recorded_producers(Path(step.run_dir))  # runs, and outside inputs (by content: no cache written)
         if stale_inputs(Path(step.run_dir), recorded):
             continue  # built on a run that finished again since: the job runs and says so
         out.add(step.name)
