@@ -20,7 +20,7 @@ from typing import Any
 from minimodel import log as logs
 from minimodel import signals
 from minimodel.config.schema import ExperimentConfig, pooled_label
-from minimodel.errors import ERROR_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT, STOPPED_EXIT, UserError
+from minimodel.errors import ERROR_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT, STOPPED_EXIT, UserError, one_line
 from minimodel.experiment import load_experiment
 from minimodel.store import atomic
 
@@ -375,13 +375,13 @@ def main(argv: list[str] | None = None) -> int:
         log.error(f"{args.command}: {e}")
         return e.rc
     except UserError as e:
-        log.error(f"{args.command}: error: {e}")
+        log.error(f"{args.command}: error: {one_line(str(e))}")
         return ERROR_EXIT
     except OSError as e:  # a write outside minimodel's own (atomic): a full or read-only disk is still exit 2
         refused = atomic.disk_error(e) or atomic.name_error(e)
         if refused is None:
             raise
-        log.error(f"{args.command}: error: {refused}")
+        log.error(f"{args.command}: error: {one_line(refused)}")
         return ERROR_EXIT
     except KeyboardInterrupt:
         return _interrupted(args.command)
