@@ -2,7 +2,7 @@
 (YAML files and command-line overrides, unknown keys, wrong types, huge and negative numbers, odd strings), launcher
 files (``conf/launcher/*.yaml``) and result rows (``results.jsonl``). One property everywhere: the command, called
 in-process (``minimodel.cli.main``), ends with exit 0, or with exit 2 and one line ``error: …`` naming the file or the
-key; never a traceback, a hang (each example has a time limit) or unbounded memory (each example runs under a data
+key; never a traceback, a hang (each example has a CPU-time and a wall-time limit) or unbounded memory (each example runs under a data
 limit of 1 GiB above what the process holds).
 
 Bounded: a minute or two in all by default, the same examples every run (derandomized). More, and random, with
@@ -33,7 +33,8 @@ from tests.conftest import ROOT  # noqa: E402
 TINY = ROOT / "experiments" / "tiny.yaml"
 LOCAL = ROOT / "conf" / "launcher" / "local.yaml"
 EXAMPLES = int(os.environ.get("MINIMODEL_FUZZ_EXAMPLES", "0") or 0)
-TIME_LIMIT_S = 30  # one example (a command on a tiny experiment takes well under a second)
+CPU_LIMIT_S = 60  # one example's CPU time (a command on a tiny experiment takes a few seconds at most)
+WALL_LIMIT_S = 600  # and its wall time, however loaded the machine
 MEMORY_HEADROOM = 1 << 30
 
 
@@ -60,23 +61,27 @@ def _vm_data() -> int:
 
 @contextlib.contextmanager
 def bounded():
-    """A time limit (SIGALRM) and a data limit (RLIMIT_DATA: the heap and anonymous maps) of ``MEMORY_HEADROOM`` above
-    what this process holds, for one example."""
-    def alarm(*_: Any) -> None:
-        raise Hang(f"still running after {TIME_LIMIT_S} s")
+    """For one example: a limit on the CPU time it spends (``CPU_LIMIT_S``, ITIMER_PROF: a loaded machine does not
+    make it fire), one on its wall time (``WALL_LIMIT_S``: a wait that spends no CPU), and a data limit (RLIMIT_DATA:
+    the heap and anonymous maps) of ``MEMORY_HEADROOM`` above what this process holds."""
+    def stop(*_: Any) -> None:
+        raise Hang(f"still running after {CPU_LIMIT_S} s of CPU or {WALL_LIMIT_S} s")
 
-    old_handler = signal.signal(signal.SIGALRM, alarm)
+    handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGALRM, signal.SIGPROF)}
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     limit = _vm_data() + MEMORY_HEADROOM
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
-    signal.alarm(TIME_LIMIT_S)
+    signal.setitimer(signal.ITIMER_PROF, CPU_LIMIT_S)
+    signal.alarm(WALL_LIMIT_S)
     try:
         yield
     finally:
         signal.alarm(0)
-        signal.signal(signal.SIGALRM, old_handler)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
