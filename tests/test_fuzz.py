@@ -49,7 +49,7 @@ def fuzz(default: int) -> settings:
 
 
 class Hang(BaseException):
-    """An example ran past ``TIME_LIMIT_S`` (a BaseException: no ``except Exception`` of the code under test eats it)."""
+    """An example ran past its CPU or wall-time limit (a BaseException: no ``except Exception`` of the code under test eats it)."""
 
 
 def _vm_data() -> int:
