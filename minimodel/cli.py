@@ -20,7 +20,7 @@ from typing import Any
 from minimodel import log as logs
 from minimodel import signals
 from minimodel.config.schema import ExperimentConfig, pooled_label
-from minimodel.errors import ERROR_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT, STOPPED_EXIT, UserError
+from minimodel.errors import ERROR_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT, STOPPED_EXIT, UserError, one_line
 from minimodel.experiment import load_experiment
 from minimodel.store import atomic
 
@@ -115,8 +115,9 @@ def cmd_run(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     if args.adapt_missing and cfg.models_from:
         for step in steps:
             if step.stage == "adapt":
-                log.warning(f"run --adapt-missing: {step.name} adapts into experiment {cfg.models_from}'s runs "
-                            f"({step.run_dir}), which this experiment reuses")
+                log.warning(f"run --adapt-missing: {step.name}: experiment {cfg.models_from} has no such adaptation; "
+                            f"it is made in this experiment's own runs ({step.run_dir}), never in "
+                            f"{cfg.models_from}'s")
     for step in steps:
         log.info(f"run {step.name}: minimodel {' '.join(step.args)}")
         extra = ["--no-progress"] if args.no_progress else []
@@ -308,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--langs", default="", help="comma-separated languages (default: source + targets)")
         if name == "run":
             s.add_argument("--adapt-missing", action="store_true",
-                           help="with models_from: adapt the target languages the reused experiment lacks into it")
+                           help="with models_from: adapt the target languages the reused experiment lacks, in this experiment's own runs")
         if name == "report":
             s.add_argument("--out", default="", help="where to write the report (default runs_dir/NAME/report.md); "
                                                      "its plots go to plots/ beside it); an existing file "
@@ -396,13 +397,13 @@ def main(argv: list[str] | None = None) -> int:
         log.error(f"{args.command}: {e}")
         return e.rc
     except UserError as e:
-        log.error(f"{args.command}: error: {e}")
+        log.error(f"{args.command}: error: {one_line(str(e))}")
         return ERROR_EXIT
     except OSError as e:  # a write outside minimodel's own (atomic): a full or read-only disk is still exit 2
         refused = atomic.disk_error(e) or atomic.name_error(e)
         if refused is None:
             raise
-        log.error(f"{args.command}: error: {refused}")
+        log.error(f"{args.command}: error: {one_line(refused)}")
         return ERROR_EXIT
     except KeyboardInterrupt:
         return _interrupted(args.command)

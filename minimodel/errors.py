@@ -16,6 +16,16 @@ and a stage still starting stops at once with ``interrupted`` and exit 130. Noth
 rerun the same command to go on."""
 
 
+def one_line(message: str) -> str:
+    """``message`` as the one line an error is: the control characters and line separators a user's value brought
+    into it (a key holding ``\\x1e``, a value holding a line break, a terminal escape) written as escapes (``\\n``,
+    ``\\x1e``, ``\\x1b``), so that nothing a value holds breaks the line or reaches the terminal raw (tabs kept)."""
+    import unicodedata
+
+    return "".join(c.encode("unicode_escape").decode("ascii")
+                   if (unicodedata.category(c) == "Cc" and c != "\t") or c in "\u2028\u2029" else c for c in message)
+
+
 class UserError(Exception):
     """A problem with what the user gave (a file, a key, a value); the message says what and where."""
 

@@ -107,8 +107,9 @@ def check_reused(config: str, overrides: list[str], cfg: ExperimentConfig, r: Ru
                  adapt_missing: bool = False) -> list[str]:
     """``models_from``: every run this experiment reads from the other one is finished, else a ConfigError naming
     the first that is not and the commands that finish it. A target language the reused experiment was never
-    adapted to is returned instead when ``adapt_missing`` (``minimodel run --adapt-missing``): the plan then adapts
-    it into the reused experiment (``reused_adapt_args``), said in the log, never silently."""
+    adapted to (``Layout.adapt``: this experiment's own run of it) is returned instead when ``adapt_missing``
+    (``minimodel run --adapt-missing``): the plan then adapts it in this experiment's own directory, said in the
+    log; the reused experiment is never written."""
     needed = [("pretraining", r.pretrain), ("bridge", r.bridge if bridge else None)]
     for what, where in needed:
         if where is not None and not is_done(where):
@@ -116,23 +117,27 @@ def check_reused(config: str, overrides: list[str], cfg: ExperimentConfig, r: Ru
                               f"not finished (no done.json); finish it in experiment {cfg.models_from} (e.g. "
                               f"`minimodel run` on its experiment file with the same settings) first: this one "
                               f"never trains or writes there")
+    own = r.layout.root.resolve()
+    for lang in cfg.target_langs:  # a run of the reused experiment that is there but not finished: finish it there
+        where = r.adapt(lang)
+        if not where.resolve().is_relative_to(own) and not is_done(where):
+            raise ConfigError(
+                f"models_from={cfg.models_from}: this experiment reuses the adaptation to {lang} {where}, which is not "
+                f"finished (no done.json); finish it in experiment {cfg.models_from} (e.g. `minimodel adapt` on its "
+                f"experiment file with lang={lang}) first: this one never trains or writes there")
     missing = [lang for lang in cfg.target_langs if not is_done(r.adapt(lang))]
     if missing and not adapt_missing:
         lang = missing[0]
         args = shlex.join([config, *overrides])
         raise ConfigError(
-            f"models_from={cfg.models_from}: this experiment reuses the adaptation to {lang} {r.adapt(lang)}, which is "
-            f"not finished (no done.json): experiment {cfg.models_from} has no finished {lang} embeddings for "
-            f"{r.label}. Adapt them there, once per system, with: `minimodel prepare {args} --langs={lang}` then "
-            f"`minimodel adapt {args} {shlex.join(reused_adapt_args(cfg, lang))}`; or let this run do it: "
-            f"`minimodel run {args} --adapt-missing` (it adapts {', '.join(missing)} into {cfg.models_from}'s runs)")
+            f"models_from={cfg.models_from}: experiment {cfg.models_from} has no adaptation to {lang} for {r.label} "
+            f"({r.layout.models_root / r.label / 'adapt' / lang}), and this experiment has no finished one of its own "
+            f"({r.adapt(lang)}). Adapt it here, in this experiment's own runs (the reused experiment is never "
+            f"written), once per system: `minimodel prepare {args} --langs={lang}` then `minimodel adapt {args} "
+            f"lang={lang}`; or let this run do it: `minimodel run {args} --adapt-missing` (it adapts "
+            f"{', '.join(missing)} into {r.layout.root}). A corpus of your own for it: see docs/running.md "
+            f"(reusing models)")
     return missing
-
-
-def reused_adapt_args(cfg: ExperimentConfig, lang: str) -> list[str]:
-    """The overrides that make this experiment's ``adapt`` write the reused experiment's adaptation to ``lang``:
-    the same settings, the other experiment's name, nothing reused."""
-    return [f"lang={lang}", f"name={cfg.models_from}", "models_from="]
 
 
 def finetune_steps(cfg: ExperimentConfig, r: Runs, mini: bool, step: Callable[..., Step], primary: str,
@@ -255,7 +260,7 @@ def plan(config: str | Path, overrides: list[str] | None = None, adapt_missing: 
         for lang in cfg.target_langs:
             adapts_here = not reused or lang in missing
             if adapts_here:
-                args = ["adapt", *reused_adapt_args(cfg, lang)] if reused else ["adapt", f"lang={lang}"]
+                args = ["adapt", f"lang={lang}"]  # with models_from: into this experiment's own runs (Layout.adapt)
                 steps.append(step(f"adapt-{lang}", "adapt", args, [body, data(lang)], True, r.adapt(lang),
                                   f"adapt/{lang}"))
             adapted = [p + f"adapt-{lang}"] if adapts_here else []

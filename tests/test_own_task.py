@@ -5,6 +5,7 @@ beyond accuracy, saved predictions, and a report with the task's baselines."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,12 +69,12 @@ def test_a_new_experiment_reuses_the_models_and_writes_nothing_there(own_task):
 def test_steps_of_the_reused_experiment_are_refused(own_task, capsys):
     assert main(["adapt", str(own_task["exp"]), *own_task["overrides"], "lang=de", "adapt.optim.lr=0.5"]) == 2
     assert "belongs to experiment tiny, whose models this one reuses (models_from)" in capsys.readouterr().err
-    with pytest.raises(ConfigError, match=r"models_from=tiny: this experiment reuses the adaptation to fr .*"
-                                          r"not finished") as e:
+    with pytest.raises(ConfigError, match=r"models_from=tiny: experiment tiny has no adaptation to fr for bl_base .*"
+                                          r"Adapt it here, in this experiment's own runs") as e:
         plan(own_task["exp"], [*own_task["overrides"], "target_langs=[de,fr]"])
-    message = str(e.value)  # the commands that adapt fr into tiny, not "finish it in tiny"
-    assert "--langs=fr" in message and "lang=fr name=tiny models_from=" in message
-    assert "--adapt-missing" in message
+    message = str(e.value)  # the commands that adapt fr here (issue 54: never into tiny), not "finish it in tiny"
+    assert "--langs=fr" in message and "lang=fr`" in message and "name=tiny" not in message
+    assert "--adapt-missing" in message and str(own_task["runs"] / "calc" / "bl_base" / "adapt" / "fr") in message
     with pytest.raises(ConfigError, match=r"models_from='calc': the name of another experiment"):
         load_experiment(own_task["exp"], [*own_task["overrides"], "models_from=calc"])
 
@@ -104,19 +105,50 @@ def test_metrics_predictions_and_the_report(own_task):
     assert "bl_base at step 0 (macro_f1)" in report
 
 
-def test_adapt_missing_adapts_a_language_the_reused_experiment_lacks_into_it(own_task, caplog):
-    """`minimodel run --adapt-missing` (issue 29 part 9): the language the reused experiment was never adapted to
-    gets an adaptation step writing into the reused experiment's runs, with this experiment's settings; the
-    languages it has are still not redone; the run says so in its log."""
+def test_adapt_missing_adapts_a_language_the_reused_experiment_lacks_in_its_own_runs(own_task, caplog):
+    """`minimodel run --adapt-missing` (issue 29 part 9; issue 54: never into the reused experiment): the language the
+    reused experiment was never adapted to gets an adaptation step writing into this experiment's own runs; the
+    languages it has are still not redone."""
     overrides = [*own_task["overrides"], "target_langs=[de,fr]"]
     steps = {s.name: s for s in plan(own_task["exp"], overrides, adapt_missing=True)}
     assert "adapt-de" not in steps and "adapt-fr" in steps
     adapt = steps["adapt-fr"]
-    assert adapt.run_dir == str(own_task["runs"] / "tiny" / "bl_base" / "adapt" / "fr")
-    assert adapt.args[-3:] == ("lang=fr", "name=tiny", "models_from=") and "prepare-fr" in adapt.after
+    assert adapt.run_dir == str(own_task["runs"] / "calc" / "bl_base" / "adapt" / "fr")
+    assert adapt.args[-1] == "lang=fr" and "name=tiny" not in adapt.args and "prepare-fr" in adapt.after
     assert "adapt-fr" in steps["evaluate-fr"].after and "adapt-de" not in steps["evaluate-de"].after
-    cfg = load_experiment(adapt.args[1], list(adapt.args[2:]))  # the step's own command: tiny's adaptation to fr
+    cfg = load_experiment(adapt.args[1], list(adapt.args[2:]))  # the step's own command: calc's adaptation to fr
     from minimodel.systems import stage_plan
 
-    assert cfg.name == "tiny" and not cfg.models_from and cfg.lang == "fr"
-    assert str(stage_plan(cfg, "adapt").runs.adapt("fr")) == adapt.run_dir
+    assert cfg.name == "calc" and cfg.models_from == "tiny" and cfg.lang == "fr"
+    runs = stage_plan(cfg, "adapt").runs
+    assert str(runs.adapt("fr")) == adapt.run_dir
+    assert runs.adapt("de") == own_task["runs"] / "tiny" / "bl_base" / "adapt" / "de"  # the reused one
+
+
+def test_a_new_language_with_its_own_corpus_goes_into_the_reusing_experiment(own_task, tmp_path, corpus_dir):
+    """Issue 54: adding French with a corpus of one's own under `models_from: tiny` and `--adapt-missing` used to write
+    tiny's French embeddings from the new corpus with no word. Now tiny's runs are not touched: French is adapted
+    and evaluated in calc's own runs, recording the prepared data it read. (Last in this file: it adds French to
+    calc's results and report.)"""
+    from minimodel.store.provenance import recorded_inputs
+    from tests.conftest import real_text
+
+    mine = tmp_path / "corpus"
+    shutil.copytree(corpus_dir, mine)  # the same English, German, Turkish text
+    (mine / "fr.txt").write_text(real_text("fr", 300_000), encoding="utf-8")  # and French of one's own
+    task = Path(load_experiment(own_task["exp"], own_task["overrides"]).tasks["calc"].source)
+    if not (task / "test.fr.csv").exists():
+        shutil.copy(task / "test.de.csv", task / "test.fr.csv")
+    reused = own_task["runs"] / "tiny"
+    before = {p: p.stat().st_mtime_ns for p in reused.rglob("*")}
+    overrides = [*own_task["overrides"], "target_langs=[de,fr]", f"data.corpus_dir={mine}"]
+    assert main(["run", str(own_task["exp"]), *overrides, "--adapt-missing", "--no-progress"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in reused.rglob("*")} == before  # nothing of tiny written
+    assert not (reused / "bl_base" / "adapt" / "fr").exists()
+    fr = own_task["runs"] / "calc" / "bl_base" / "adapt" / "fr"
+    assert (fr / "done.json").is_file()
+    corpus = recorded_inputs(fr)["target_data"]["parts"]["corpus"]
+    assert corpus["file"] == "fr.txt" and corpus["bytes"] == (mine / "fr.txt").stat().st_size
+    rows = [json.loads(line) for line in (own_task["runs"] / "calc" / "bl_base" / "results.jsonl").read_text()
+            .splitlines()]
+    assert any(r["lang"] == "fr" for r in rows)

@@ -64,7 +64,7 @@ def finished_steps(config: str, steps: list[Step]) -> frozenset[str]:
     from minimodel.data.prepare import is_prepared
     from minimodel.store.identity import check_finished
     from minimodel.store.layout import is_done
-    from minimodel.store.provenance import recorded_inputs, stale_inputs
+    from minimodel.store.provenance import recorded_producers, stale_inputs
 
     out = set()
     for step in steps:
@@ -74,12 +74,12 @@ def finished_steps(config: str, steps: list[Step]) -> frozenset[str]:
             continue
         if not step.run_dir or not is_done(Path(step.run_dir)):
             continue
+        step_cfg = load_experiment(config, list(step.args[2:]))
         try:
-            check_finished(load_experiment(config, list(step.args[2:])), step.stage_name, Path(step.run_dir))
+            check_finished(step_cfg, step.stage_name, Path(step.run_dir))
         except ConfigError:
             continue  # finished with other settings: the job runs and says so
-        recorded = {k: Path(v["run"]) for k, v in recorded_inputs(Path(step.run_dir)).items()
-                    if isinstance(v, dict) and v.get("run")}
+        recorded = recorded_producers(Path(step.run_dir), step_cfg.runs_dir)  # runs, and outside inputs by content
         if stale_inputs(Path(step.run_dir), recorded):
             continue  # built on a run that finished again since: the job runs and says so
         out.add(step.name)

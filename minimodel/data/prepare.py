@@ -139,6 +139,7 @@ def prepare_language(cfg: ExperimentConfig, lang: str, progress: bool = True,
         log.info(f"prepare {lang}: finished with these settings ({paths.done}); skipping")
         return ""
     corpus = find_corpus(cfg.data.corpus_dir, lang)
+    check_same_corpus(cfg, lang, paths, corpus)  # another corpus' tokenizer and shards: refused, nothing written
     check_text(corpus)  # binary data, UTF-16, ...: said before reading on to the first blank line
     next(iter_documents(corpus))  # fails clearly on a missing, empty or unreadable corpus
     directory = Path(cfg.data.prepared_dir) / lang
@@ -147,6 +148,35 @@ def prepare_language(cfg: ExperimentConfig, lang: str, progress: bool = True,
     check_writable(directory)
     with exclusive(directory, f"prepare {lang}"):  # one writer of a language's tokenizer and shards
         return _prepare(cfg, lang, paths, corpus, progress, stop)
+
+
+def check_same_corpus(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path) -> None:
+    """A ``ShardError`` when ``lang``'s prepared data (its ``done.json``) was made from another corpus than
+    ``corpus`` (another file name or size): its tokenizer was trained on that corpus and its shards encode it, and
+    adaptations of this or another experiment (``models_from``) read them. Nothing is written; the message says how
+    to prepare the new corpus apart."""
+    try:
+        recorded = json.loads(paths.done.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    old = recorded.get("settings") if isinstance(recorded, dict) else None
+    if not isinstance(old, dict):
+        return
+    new = prepare_settings(cfg, lang)
+    if all(old.get(k) == new.get(k) for k in ("corpus", "corpus_bytes")):
+        return
+    def size(n: object) -> str:
+        return f"{n:,} bytes" if isinstance(n, int) and n >= 0 else "size unknown"
+
+    then = recorded.get("corpus_path") or old.get("corpus")
+    raise ShardError(
+        f"{paths.done.parent} was prepared from another corpus ({then}, {size(old.get('corpus_bytes'))}) than "
+        f"data.corpus_dir gives now ({corpus}, {size(new.get('corpus_bytes'))}): its tokenizer and shards are that "
+        f"corpus', and the adaptations that read them (of any experiment using data.prepared_dir="
+        f"{cfg.data.prepared_dir}) stand on them; nothing was overwritten. Prepare the new corpus apart: set "
+        f"data.prepared_dir to a directory of your own (docs/running.md, reusing models), or delete "
+        f"{paths.done.parent} to prepare {lang} again from it (the adaptations that read it are then refused until "
+        f"redone)")
 
 
 def _prepare(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path, progress: bool,
@@ -180,8 +210,10 @@ def _prepare(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path, pr
         return _stopped(lang, stop, f"{len(manifest['shards'])} shard(s)")
     tokens = sum(e["tokens"] for e in manifest["shards"])
     log.info(f"prepare {lang}: {paths.shards}: {len(manifest['shards'])} shards, {tokens:,} tokens")
+    # the corpus the shards came from, by content: recorded by every step that reads them (``provenance.Outside``)
     atomic.write_json(paths.done, {"settings": prepare_settings(cfg, lang), "tokenizer_sha256": tok.sha256,
-                                   "shards": len(manifest["shards"]), "tokens": tokens})
+                                   "shards": len(manifest["shards"]), "tokens": tokens,
+                                   "corpus_path": str(corpus.resolve()), "corpus_sha256": atomic.file_sha256(corpus)})
     return ""
 
 

@@ -19,7 +19,7 @@ import torch
 
 from minimodel.config.schema import PRIMARY, ExperimentConfig
 from minimodel.data.mlm import mlm_datamodule
-from minimodel.data.prepare import load_prepared_tokenizer, load_source_tokenizer
+from minimodel.data.prepare import load_prepared_tokenizer, load_source_tokenizer, prepared_paths
 from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError
 from minimodel.flops import FlopSchedule, LayerShape, adapt_flops, v100_days
@@ -47,8 +47,8 @@ from minimodel.store.layout import (
     is_done,
     last_checkpoint,
 )
-from minimodel.store.provenance import producers
-from minimodel.systems import Body, Phase, StagePlan, stage_plan
+from minimodel.store.provenance import Outside, data_input, primary_source, producers
+from minimodel.systems import Body, Phase, Runs, StagePlan, stage_plan
 from minimodel.training.callbacks import FrozenRows
 from minimodel.training.mlm import MLMModule
 from minimodel.training.runner import Runner, Stage, StageResult, Training
@@ -293,6 +293,14 @@ def frozen_rows(body: RobertaMLM, kept: int) -> FrozenRows:
     return FrozenRows(names, kept, body)
 
 
+def adapt_inputs(cfg: ExperimentConfig, runs: Runs, lang: str) -> dict[str, Path | Outside]:
+    """What an adaptation to ``lang`` reads, recorded and checked by content: its body run, the outside model
+    when the primary model is one (``bridge.source``), and the language's prepared data (target tokenizer, shards,
+    the corpus they came from). Evaluation checks the same (``evaluate.evaluation_plan``)."""
+    return producers(body=runs.body, source=primary_source(cfg, runs),
+                     target_data=data_input(prepared_paths(cfg, lang)))
+
+
 def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
     if not cfg.lang:
         raise ConfigError("adapt needs a target language: add lang=xx (e.g. lang=de)")
@@ -365,4 +373,4 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
                         replace(a.trainer, ckpt_steps=ends), flops_per_update=flops, tokens_per_update=a.optim.global_batch * cfg.data.seq_len,
                         keep_steps=False, export=export, finish=finish, callbacks=frozen)
 
-    return Runner(cfg, Stage(f"adapt/{cfg.lang}", run_dir, a.trainer.seed, inputs=producers(body=plan.runs.body)), prepare, build).run(progress_bar)
+    return Runner(cfg, Stage(f"adapt/{cfg.lang}", run_dir, a.trainer.seed, inputs=adapt_inputs(cfg, plan.runs, cfg.lang)), prepare, build).run(progress_bar)

@@ -26,7 +26,7 @@ from minimodel.models.surgery import bridge_trainable, build_minipost, primary_o
 from minimodel.store import atomic
 from minimodel.store.checkpoints import CheckpointError, TrainingMeta, load_final_model, load_trained_model
 from minimodel.store.layout import BRIDGE_INFO, is_done
-from minimodel.store.provenance import producers
+from minimodel.store.provenance import primary_source, producers
 from minimodel.systems import stage_plan
 from minimodel.training.mlm import MLMModule
 from minimodel.training.runner import Runner, Stage, StageResult, Training
@@ -157,4 +157,4 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
                         tokens_per_update=b.optim.global_batch * cfg.data.seq_len,
                         finish=lambda _: {"bridge": info})
 
-    return Runner(cfg, Stage("bridge", plan.writes, b.trainer.seed, inputs=producers(pretrain=r.pretrain)), prepare, build).run(progress_bar)
+    return Runner(cfg, Stage("bridge", plan.writes, b.trainer.seed, inputs=producers(pretrain=r.pretrain, source=primary_source(cfg, r))), prepare, build).run(progress_bar)

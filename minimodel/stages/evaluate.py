@@ -30,6 +30,7 @@ from minimodel.errors import ConfigError, TaskDataError
 from minimodel.log import PROGRESS_EVERY_S, bar_wanted, get_logger
 from minimodel.models.families import of as family_of
 from minimodel.models.surgery import PlugError, plug_embeddings
+from minimodel.stages.adapt import adapt_inputs
 from minimodel.stages.perplexity import Perplexity
 from minimodel.store import atomic
 from minimodel.store.checkpoints import Adaptation, CheckpointError, Finetuned, load_adaptation, load_finetuned
@@ -44,6 +45,7 @@ from minimodel.store.provenance import (
     check_inputs,
     check_producer,
     data_identity,
+    primary_source,
     producers,
     require_finished,
     run_identity,
@@ -186,8 +188,8 @@ def evaluation_plan(cfg: ExperimentConfig, r: Runs, tasks: list[str], seeds: lis
     finished adaptation (its predictions are saved by default). Refuses runs built on a model that changed since."""
     plan = []
     finals: set[Path] = set()
-    if r.pretrain is not None and r.body != r.pretrain:  # a bridge (step 1b) built on the primary model
-        check_inputs(r.body, producers(pretrain=r.pretrain))
+    if r.body is not None and r.body != r.pretrain:  # a bridge (step 1b) built on the primary model
+        check_inputs(r.body, producers(pretrain=r.pretrain, source=primary_source(cfg, r)))
     for task in tasks:
         data = TaskData(task, cfg.tasks[task])
         langs = [lang for lang in data.languages(cfg.target_langs) if not cfg.lang or lang == cfg.lang]
@@ -196,11 +198,13 @@ def evaluation_plan(cfg: ExperimentConfig, r: Runs, tasks: list[str], seeds: lis
         for seed in seeds:
             ft = r.finetune(task, seed)
             require_finished(ft, f"the finetuning of {task} seed {seed}", f"minimodel finetune ... task={task} seed={seed}")
-            check_inputs(ft, producers(pretrain=r.pretrain))  # nothing built on an older model
+            # nothing built on an older model, or on an outside model whose weights changed since
+            check_inputs(ft, producers(pretrain=r.pretrain, source=primary_source(cfg, r)))
             check_producer(cfg, ft, "evaluation")  # task featurisation and finetuning settings as configured
             for lang in langs:
                 require_finished(r.adapt(lang), f"the adaptation of {lang}", f"minimodel adapt ... lang={lang}")
-                check_inputs(r.adapt(lang), producers(body=r.body))
+                # the body, the outside model and the language's tokenizer, shards and corpus, as adaptation read them
+                check_inputs(r.adapt(lang), adapt_inputs(cfg, r, lang))
                 check_producer(cfg, r.adapt(lang), "evaluation")
                 ckpts = adaptation_checkpoints(r.adapt(lang))
                 if not ckpts:

@@ -40,7 +40,7 @@ from minimodel.models.surgery import extract_mini, freeze_all_but, primary_only
 from minimodel.store import atomic
 from minimodel.store.checkpoints import CheckpointError, Finetuned, TrainingMeta, load_final_model, load_trained_model
 from minimodel.store.layout import finetuned_model, is_done, read_done
-from minimodel.store.provenance import producers
+from minimodel.store.provenance import primary_source, producers
 from minimodel.store.truncation import Truncation, say
 from minimodel.systems import StagePlan, stage_plan
 from minimodel.training.optim import UpdateGuard, lightning_optim
@@ -298,7 +298,7 @@ def run_finetune(cfg: ExperimentConfig, task: str, seed: int, progress_bar: bool
 
     check_train_file(cfg, task, run_dir)
     name = f"finetune/{task}/seed{seed}" + ("/mini" if cfg.body == "mini" else "")
-    return Runner(cfg, Stage(name, run_dir, seed, inputs=producers(pretrain=r.pretrain)), prepare, build).run(progress_bar)
+    return Runner(cfg, Stage(name, run_dir, seed, inputs=producers(pretrain=r.pretrain, source=primary_source(cfg, r))), prepare, build).run(progress_bar)
 
 
 def run_all_finetuning(cfg: ExperimentConfig, progress_bar: bool = True) -> list[StageResult]:

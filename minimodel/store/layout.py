@@ -7,7 +7,8 @@
         slurm/                                  `minimodel submit`: batch scripts and job logs
         {label}/                                one system (``minijoint``, or ``minijoint-n6`` in a sweep)
             pretrain/ bridge/                   steps 1 and 1b         (a *stage run*, see below)
-            adapt/{lang}/                       step 2 per language    (+ embeddings/step{N:07d}.pt, adapt_info.json)
+            adapt/{lang}/                       step 2 per language    (+ embeddings/step{N:07d}.pt, adapt_info.json;
+                                                with models_from: a language the reused experiment lacks)
             finetune/{task}/seed{S}/            step 3                 (+ model.pt)
             finetune_mini/{task}/seed{S}/       step 3 of MiniJoint's mini-model alone (Table 5)
             results.jsonl                       step 4
@@ -89,7 +90,15 @@ class Layout:
         return self.models_root / label / "bridge"
 
     def adapt(self, label: str, lang: str) -> Path:
-        return self.models_root / label / "adapt" / lang
+        """Step 2's run of ``lang``. With ``models_from``: the reused experiment's where it has one (its directory
+        exists) and this experiment has none; a language it lacks is adapted in this experiment's own directory
+        (``{runs_dir}/{name}/{label}/adapt/{lang}``): a reused run is never written by the experiment that reuses
+        it. (The one path here that looks at the disk: which of the two runs exists.)"""
+        own = self.root / label / "adapt" / lang
+        if not self.models_from:
+            return own
+        reused = self.models_root / label / "adapt" / lang
+        return reused if reused.exists() and not own.exists() else own
 
     def finetune(self, label: str, task: str, seed: int, body: str = "primary") -> Path:
         return self.system(label) / ("finetune" if body == "primary" else f"finetune_{body}") / task / f"seed{seed}"

@@ -41,6 +41,7 @@ from minimodel.store.layout import (
 )
 from minimodel.store.locks import exclusive
 from minimodel.store.provenance import (
+    Outside,
     check_inputs,
     check_producer,
     identity,
@@ -66,7 +67,8 @@ class Stage:
     name: str
     run_dir: Path
     seed: int
-    inputs: dict[str, Path] = field(default_factory=dict)  # the finished runs it reads ({"pretrain": dir}): recorded
+    # the finished runs and outside inputs it reads ({"pretrain": dir, "target_data": Outside}): recorded, checked
+    inputs: dict[str, Path | Outside] = field(default_factory=dict)
 
 
 @dataclass
@@ -267,7 +269,8 @@ class Runner(Generic[T]):
         if resume is not None:
             check_inputs(run_dir, stage.inputs)
         for producer in stage.inputs.values():  # what it reads ran with the settings this configuration expects
-            check_producer(self.cfg, producer, f"stage {stage.name}")
+            if not isinstance(producer, Outside):
+                check_producer(self.cfg, producer, f"stage {stage.name}")
         kind = stage.name.partition("/")[0]  # pretrain, bridge, adapt, finetune: the section of its settings
         planned = getattr(self.cfg, kind).trainer
         check_precision(planned.precision, planned.accelerator, f"{kind}.trainer.precision")  # before anything is written
