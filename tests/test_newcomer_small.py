@@ -18,12 +18,8 @@ from tests.conftest import ROOT, tiny_overrides
 TINY = str(ROOT / "experiments" / "tiny.yaml")
 
 
-@pytest.fixture()
-def bars_restored(monkeypatch):
-    """Whatever ``progress_bars_off`` switches, switched back after the test."""
-    for var in logs.BARS_ENV:
-        monkeypatch.delenv(var, raising=False)
-    yield
+def _bars_on() -> None:
+    """The libraries' bars on, as in a fresh process: undoes what ``progress_bars_off`` switched."""
     import huggingface_hub.utils
     import transformers.modeling_gguf_pytorch_utils as gguf
     import transformers.utils.logging
@@ -33,6 +29,18 @@ def bars_restored(monkeypatch):
     if getattr(gguf.tqdm, "_minimodel_quiet", False):
         gguf.tqdm = gguf.tqdm.__closure__[0].cell_contents  # the bar it wraps
     logs._bars_off = False
+
+
+@pytest.fixture()
+def bars_restored(monkeypatch):
+    """The bars on before the test (an earlier test of the session may have run a command with --no-progress in
+    this process: the switches are process-wide), and whatever ``progress_bars_off`` switches, switched back after
+    it."""
+    for var in logs.BARS_ENV:
+        monkeypatch.delenv(var, raising=False)
+    _bars_on()
+    yield
+    _bars_on()
 
 
 def test_no_progress_turns_off_the_libraries_bars_too(bars_restored, capsys):
