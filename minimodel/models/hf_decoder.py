@@ -292,7 +292,8 @@ def from_hf(path: str | Path, lengths: dict[str, int] | None = None) -> DecoderL
     hf_config = outside.read_config(src, ("gpt2", *LLAMA_TYPES), "decoder")
     cfg = outside.model_config(hf_config_to_model_config, hf_config, src)
     outside.check_memory(cfg, src)
-    outside.check_lengths(cfg, lengths or {}, src)
+    outside.check_lengths(cfg, lengths or {}, src,
+                          "n_positions" if hf_config.model_type == "gpt2" else "max_position_embeddings")
     if src.gguf is not None:
         log.info(f"{src.name}: {gguf_summary(src.where, src.gguf.name)}; dequantised to float32")
     hf_model, info = outside.load_weights(tf.AutoModelForCausalLM, src, hf_config,

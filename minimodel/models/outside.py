@@ -270,18 +270,19 @@ def check_memory(cfg: Any, src: Source) -> None:
                           f"smaller model or a machine with more memory (or check the config: a damaged one?)")
 
 
-def check_lengths(cfg: Any, lengths: dict[str, int], src: Source) -> None:
+def check_lengths(cfg: Any, lengths: dict[str, int], src: Source, positions_field: str = "max_position_embeddings"
+                  ) -> None:
     """The source's own limits against the sequences minimodel will run through it (``lengths``: a key such as
     ``data.seq_len`` -> its length): its positions (learned: more would index past the table; rotary: beyond what it
-    was trained at) and its sliding attention window (minimodel attends over the whole causal context, which is the
-    window only up to its length)."""
+    was trained at; ``positions_field``: the source config's name for them, named in the message) and its sliding
+    attention window (minimodel attends over the whole causal context, which is the window only up to its length)."""
     offset = families.of(cfg).position_offset
     for key, length in lengths.items():
         if length > cfg.max_positions - offset:
             extra = f" less {offset}" if offset else ""
             raise ConfigError(f"{key} ({length}) exceeds the positions of the model {src.name} "
                               f"({cfg.max_positions}{extra} = {cfg.max_positions - offset}: its config's "
-                              f"{'n_positions' if cfg.positions == 'learned' and cfg.family == 'decoder' else 'max_position_embeddings'}): "
+                              f"{positions_field}): "
                               f"set {key} to at most {cfg.max_positions - offset}")
         if cfg.sliding_window and length > cfg.sliding_window:
             raise ConfigError(f"{key} ({length}) exceeds the sliding attention window of the model {src.name} "
