@@ -374,12 +374,14 @@ def test_results_rows_of_the_wrong_shape_are_skipped_with_one_warning(tmp_path, 
     assert "[minimodel]" not in err_of(capsys)  # one warning per file, however often the report reads it
 
 
-def test_a_cut_last_line_alone_is_not_worth_a_warning(tmp_path, capsys):
+def test_a_cut_last_line_is_not_a_row_and_is_named_in_a_warning(tmp_path, capsys):
+    # issue 54 part 7 (docs/bad-input.md, Round 4): the cut line is no longer dropped without a word
     path = tmp_path / "results.jsonl"
     path.write_text(json.dumps(ROW) + "\n" + json.dumps(ROW)[:20])
     logs.setup()
     assert ResultsTable(path).rows() == [ROW]
-    assert "[minimodel]" not in err_of(capsys)
+    err = err_of(capsys)
+    assert f"{path}, line 2: the last line is cut short" in err and err.count("[minimodel]") == 1, err
 
 
 def test_a_stopped_run_resumes_only_with_the_settings_it_started_with(tmp_path, prepared, corpus_dir, capsys):
