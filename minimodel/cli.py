@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         refused = atomic.disk_error(e) or atomic.name_error(e)
         if refused is None:
             raise
-        log.error(f"{args.command}: error: {one_line(refused)}")
+        log.error(f"{args.command}: error: {one_line(str(refused))}")
         return ERROR_EXIT
     except KeyboardInterrupt:
         return _interrupted(args.command)
