@@ -173,10 +173,11 @@ class Results:
         return [p.score for c in self.by_seed[(system, task, lang)].values() for p in c if p.step == final.step]
 
     def average_stat(self, system: str, task: str) -> Stat | None:
-        """The final score averaged over the task's languages, then over seeds; None when a language is missing."""
+        """The final score averaged over the task's languages, then over seeds; None when a language is missing, or
+        when no seed is shared by every language (de of seed 1, tr of seed 2 only: no seed to average over)."""
         langs = self.langs(task)
         finals = [self.final(system, task, lang) for lang in langs]
-        if not finals or any(f is None for f in finals):
+        if not finals or any(f is None for f in finals) or not self.seeds_of(system, task):
             return None
         per_seed = [mean(p.score for lang, f in zip(langs, finals)
                          for p in self.by_seed[(system, task, lang)][seed] if p.step == f.step)  # type: ignore[union-attr]
