@@ -177,7 +177,7 @@ RECIPE_PAIR := report.systems='{bl_base@mean: bl_base, minipost-recipe@mean: min
 results-sib200: setup
 	$(call copy_results,study_sib200)
 	cp runs/study_sib200/unadapted.jsonl docs/results/study_sib200/
-	for s in minipost minipost-recipe; do cp runs/study_sib200/$$s/bridge/metrics.csv docs/results/study_sib200/bridge_metrics.$$s.csv; done
+	for s in minipost minipost-recipe; do if [ -f runs/study_sib200/$$s/bridge/metrics.csv ]; then cp runs/study_sib200/$$s/bridge/metrics.csv docs/results/study_sib200/bridge_metrics.$$s.csv; fi; done
 	mkdir -p docs/real/sib200/recipe
 	$(MM) report experiments/study_sib200.yaml runs_dir=docs/results --out docs/real/sib200/results.md
 	$(MM) report experiments/study_sib200.yaml runs_dir=docs/results $(RECIPE_PAIR) --out docs/real/sib200/recipe/results.md

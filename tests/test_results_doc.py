@@ -1,5 +1,5 @@
-"""docs/results.md, docs/decoder/results.md, docs/real/results.md and docs/real/fr/results.md are exactly what `minimodel report` makes of the committed study
-results (docs/results/)."""
+"""docs/results.md, docs/decoder/results.md, docs/real/results.md, docs/real/fr/results.md and docs/real/sib200's two
+reports are exactly what `minimodel report` makes of the committed study results (docs/results/)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,17 @@ import pytest
 from tests.conftest import ROOT
 
 RESULTS = ROOT / "docs" / "results"
-DOCS = [("study", "study_beyond.yaml", "results.md", "lohelp"),
-        ("study_decoder", "study_decoder.yaml", "decoder/results.md", "lohelp"),
-        ("study_real", "study_real.yaml", "real/results.md", "wiki_topics"),
-        ("study_real_fr", "study_real_fr.yaml", "real/fr/results.md", "wiki_topics")]
+RECIPE_PAIR = "report.systems={bl_base@mean: bl_base, minipost-recipe@mean: minipost}"
+DOCS = [("study", "study_beyond.yaml", "results.md", "lohelp", ()),
+        ("study_decoder", "study_decoder.yaml", "decoder/results.md", "lohelp", ()),
+        ("study_real", "study_real.yaml", "real/results.md", "wiki_topics", ()),
+        ("study_real_fr", "study_real_fr.yaml", "real/fr/results.md", "wiki_topics", ()),
+        ("study_sib200", "study_sib200.yaml", "real/sib200/results.md", "sib200", ()),
+        ("study_sib200", "study_sib200.yaml", "real/sib200/recipe/results.md", "sib200", (RECIPE_PAIR,))]
 
 
-@pytest.mark.parametrize("study,experiment,doc,task", DOCS)
-def test_the_committed_study_results_regenerate_their_document(tmp_path, study, experiment, doc, task):
+@pytest.mark.parametrize("study,experiment,doc,task,overrides", DOCS)
+def test_the_committed_study_results_regenerate_their_document(tmp_path, study, experiment, doc, task, overrides):
     if not (RESULTS / study).is_dir():
         pytest.skip(f"no committed {study} results")
     runs = tmp_path / "runs"
@@ -29,7 +32,7 @@ def test_the_committed_study_results_regenerate_their_document(tmp_path, study, 
     out.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "WANDB_MODE": "disabled"}
     p = subprocess.run([sys.executable, "-m", "minimodel.cli", "report", f"experiments/{experiment}",
-                        f"runs_dir={runs}", "--out", str(out), "--no-progress"], cwd=ROOT, env=env,
+                        f"runs_dir={runs}", *overrides, "--out", str(out), "--no-progress"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert out.read_text() == (ROOT / "docs" / doc).read_text()
