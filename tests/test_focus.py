@@ -117,9 +117,11 @@ def test_bad_focus_settings_are_refused_at_load(tmp_path, monkeypatch):
         tiny_config(tmp_path, tmp_path, "adapt.init=foo")
     with pytest.raises(ConfigError, match=r"adapt.focus.top_k must be 0 \(every overlapping piece\) or a positive"):
         tiny_config(tmp_path, tmp_path, "adapt.focus.top_k=-1")
-    for key in ("dim", "epochs", "min_count", "threads"):
+    for key in ("dim", "epochs", "min_count"):
         with pytest.raises(ConfigError, match=rf"adapt.focus.{key} must be a positive integer, got 0"):
             tiny_config(tmp_path, tmp_path, f"adapt.focus.{key}=0")
+    with pytest.raises(ConfigError, match=r"adapt.focus.threads must be a number of threads from 1, at most"):
+        tiny_config(tmp_path, tmp_path, "adapt.focus.threads=0")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fasttext" else real(name, *a))
     with pytest.raises(ConfigError, match=r"adapt.init=focus trains fastText .* pip install 'minimodel\[focus\]'"):
