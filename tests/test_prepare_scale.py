@@ -42,7 +42,7 @@ def test_workers_follow_the_cpus_this_process_may_use(monkeypatch):
     assert workers_for(0) == 3  # SLURM's --cpus-per-task=3 (an affinity mask), whatever the node has
     assert workers_for(2) == 2  # data.encode_threads set: that many
     assert load_experiment(EXP).data.encode_threads == 0  # the default: the CPUs this process may use
-    with pytest.raises(ConfigError, match=r"data\.encode_threads must be 0 or a positive integer, got -1"):
+    with pytest.raises(ConfigError, match=r"data\.encode_threads must be 0 \(every CPU this process may use\) or a number of threads from 1, .*got -1"):
         load_experiment(EXP, ["data.encode_threads=-1"])
 
 
