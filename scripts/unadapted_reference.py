@@ -111,13 +111,15 @@ def bag_of_words_rows(cfg: ExperimentConfig, task: str, splits: list[str]) -> li
     if data.is_qa:
         return []
     train = data.train_records()
-    text = " ".join
-    bow = BagOfWords.fit([text(str(r[f]) for f in data.text_fields) for r in train], [int(r["label"]) for r in train],
-                         len(data.labels))
+
+    def text(record: dict) -> str:
+        return " ".join(str(record[f]) for f in data.text_fields)
+
+    bow = BagOfWords.fit([text(r) for r in train], [int(r["label"]) for r in train], len(data.labels))
     rows = []
     for lang, split in [("en", "test"), *((lang, split) for lang in data.languages(cfg.target_langs) for split in splits)]:
         records = data.records(split, lang)
-        predicted = torch.tensor([bow.predict(text(str(r[f]) for f in data.text_fields)) for r in records])
+        predicted = torch.tensor([bow.predict(text(r)) for r in records])
         gold = torch.tensor([int(r["label"]) for r in records])
         scores = classification_scores(predicted, gold, data.labels, data.metrics)
         base = {"system": "bag_of_words", "task": task, "lang": lang, "seed": 0, "split": split,
