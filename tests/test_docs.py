@@ -77,7 +77,31 @@ def commands(path: Path) -> list[str]:
 
 def test_the_readme_is_short():
     n = len(README.read_text(encoding="utf-8").splitlines())
-    assert n <= 130, f"README.md has {n} lines: move detail into a docs/ page and link it from the README's map"
+    assert n <= 100, f"README.md has {n} lines: move detail into a docs/ page and link it from the README's map"
+
+
+def test_the_readmes_prose_lines_are_short():
+    """Issue 55 part 7: no line over 200 characters outside code blocks and tables (measurements live in docs/)."""
+    long = [line[:60] for line in prose(README.read_text(encoding="utf-8")).splitlines()
+            if len(line) > 200 and not line.startswith("|")]
+    assert not long, f"README.md lines over 200 characters outside code and tables: {long}"
+
+
+GENERATED = "# Mini-model adaptation:"  # the title `minimodel report` gives a report
+
+
+@pytest.mark.parametrize("page", sorted(DOCS.rglob("*.md")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_page_opens_by_saying_what_it_is_for(page: Path):
+    """Issue 55 part 7: after the title, a page starts with a sentence or two of prose (not code, a table, a list or
+    another heading) saying what it is for; a generated report opens with its systems and tasks instead."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    assert lines and lines[0].startswith("# "), f"{page.relative_to(ROOT)} does not start with a title"
+    if lines[0].startswith(GENERATED):
+        return
+    first = next((line for line in lines[1:] if line.strip()), "")
+    assert first and not first.startswith(("```", "|", "#", "- ", "* ", "<")), (
+        f"{page.relative_to(ROOT)}: the first thing after the title is {first[:60]!r}, not a sentence saying what "
+        f"the page is for")
 
 
 def test_the_readme_starts_with_the_two_commands():
