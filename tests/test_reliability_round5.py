@@ -291,3 +291,14 @@ def test_exporting_a_language_never_adapted_advice_followed(chain, tmp_path, cap
     assert main(["adapt", *args, "lang=tr"]) == 0  # the advice
     assert main(["export", *args, "lang=tr", "--out", str(tmp_path / "tr")]) == 0
     assert json.loads((tmp_path / "tr" / "minimodel.json").read_text())["lang"] == "tr"
+
+
+def test_report_out_under_a_file_is_refused_naming_it(tmp_path, capsys):
+    """``report --out FILE/r.md`` was a FileExistsError traceback (found in the round 5 hostile pass)."""
+    from tests.test_reliability_round4_outputs import demo_runs, report
+
+    runs = demo_runs(tmp_path)
+    (tmp_path / "afile").write_text("mine\n")
+    assert report(runs, "--out", str(tmp_path / "afile" / "r.md")) == 2
+    assert f"--out {tmp_path / 'afile' / 'r.md'}: {tmp_path / 'afile'} is a file" in one_error(capsys)
+    assert (tmp_path / "afile").read_text() == "mine\n"
