@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minimodel.config.schema import ExperimentConfig
+from minimodel.config.schema import ExperimentConfig, ModelConfig
 from minimodel.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer
 from minimodel.errors import ConfigError
 from minimodel.log import get_logger
@@ -82,11 +82,17 @@ def load_artifact(directory: str | Path, causal: bool = False) -> Embeddings:
     """An ``--embeddings-only`` export: the adaptation checkpoint and its SentencePiece model (or, for a vocabulary
     that extends a Hugging Face tokenizer, that tokenizer's directory ``tokenizer/``; ``causal``: a causal LM's)."""
     d = Path(directory)
+    if not d.is_dir():
+        raise CheckpointError(f"--embeddings {d}: {'no such directory' if not d.exists() else 'a file, not a directory'}"
+                              f"; it names the directory an embeddings export was written to (`minimodel export ... "
+                              f"--embeddings-only --out DIR`)")
     hf = (d / HF_TOKENIZER / "tokenizer.json").is_file()
     for name in (EMBEDDINGS, *(() if hf else (TOKENIZER,))):
         if not (d / name).is_file():
-            raise CheckpointError(f"{d} is not an embeddings export: it lacks {name} "
-                                  f"(write one with `minimodel export ... --embeddings-only --out {d}`)")
+            kind = _export_kind(d)
+            what = f"a {kind} export, not an embeddings export" if kind else "not an embeddings export"
+            raise CheckpointError(f"--embeddings {d} is {what}: it lacks {name}; write one with `minimodel export ... "
+                                  f"--embeddings-only --out DIR` (DIR: a new directory) and pass --embeddings DIR")
     tok: AnyTokenizer = HFTokenizer(str(d / HF_TOKENIZER), causal) if hf else Tokenizer(d / TOKENIZER)
     return Embeddings(load_adaptation(d / EMBEDDINGS), tok, str(d))
 
@@ -100,14 +106,48 @@ def _check_out(out: Path, force: bool) -> bool:
     new export replaces (True) once it is complete."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a directory: choose another --out")
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ConfigError(f"--out {out}: {above} is a file, so no directory can be made under it: choose another "
+                          f"--out")
     if out.exists() and any(out.iterdir()):
         if not force:
             raise ConfigError(f"--out {out} exists and is not empty: choose another directory (or --force to "
                               f"replace an earlier export)")
-        if not (out / PROVENANCE).is_file():
-            raise ConfigError(f"--out {out} holds files that are not a minimodel export: not replacing them")
+        if not _export_kind(out):
+            raise ConfigError(f"--out {out} holds files that are not a minimodel export (it has no {PROVENANCE}): "
+                              f"not replacing them, even with --force; choose a new or empty directory as --out")
         return True
     return False
+
+
+def _export_kind(d: Path) -> str:
+    """The kind an export directory's ``minimodel.json`` records (``fill-mask``, ``embeddings``, ...); "" for a
+    directory that is not a minimodel export (or whose record cannot be read)."""
+    import json
+
+    try:
+        record = json.loads((d / PROVENANCE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    return str(record.get("kind") or "minimodel") if isinstance(record, dict) else ""
+
+
+def check_exportable(model: ModelConfig) -> None:
+    """Refuse, before anything is loaded or written, a model no ``transformers`` class holds: an affine map between
+    layers (``model.affine_after``: transformers would drop it), a decoder that is neither GPT-2 nor of the Llama
+    family (``hf_decoder.hf_config``). A ``ConfigError`` naming the ``model.*`` keys."""
+    from minimodel.models.families import causal, hf_module
+
+    if model.affine_after:
+        raise ConfigError(f"model.affine_after={model.affine_after}: the model maps its state by an affine map after "
+                          f"layer {model.affine_after}, which no transformers class has (it would be dropped without a "
+                          f"word): it cannot be exported as a transformers model; export the embeddings alone "
+                          f"(--embeddings-only)")
+    if causal(model):
+        hf = hf_module(model)
+        kind = None if model.positions == "learned" else hf.export_type(model, new_tokenizer=True)
+        hf.hf_config(model, 0, 2, 1, kind)
 
 
 def export(cfg: ExperimentConfig, out: Path, step: int | None = None, embeddings_only: bool = False,
@@ -116,11 +156,17 @@ def export(cfg: ExperimentConfig, out: Path, step: int | None = None, embeddings
     temporary directory beside ``out``, which becomes ``out`` when the export is complete: a full disk, a read-only
     file system or Ctrl-C leaves no partial export (and ``--force`` the earlier one)."""
     from minimodel.models.families import causal
+    from minimodel.systems import primary_is_outside
 
-    emb = load_artifact(embeddings_from, causal(cfg.model)) if embeddings_from else adapted_embeddings(cfg, step)
     if embeddings_only and embeddings_from:
         raise ConfigError("--embeddings-only with --embeddings: the artifact is already an embeddings export")
+    if cfg.task and not cfg.seed:
+        raise ConfigError(f"export task={cfg.task} needs seed=N, the finetuning run to export (finetune.seeds: "
+                          f"{cfg.finetune.seeds})")
     replace = _check_out(out, force)
+    if not embeddings_only and not primary_is_outside(cfg):  # an outside primary is checked as it is read
+        check_exportable(cfg.model)
+    emb = load_artifact(embeddings_from, causal(cfg.model)) if embeddings_from else adapted_embeddings(cfg, step)
     with atomic.replacing_dir(out, replace=replace) as d:
         kind = _write(cfg, emb, d, embeddings_only)
     system = exported_system(cfg)
@@ -168,12 +214,14 @@ def _write(cfg: ExperimentConfig, emb: Embeddings, out: Path, embeddings_only: b
             raise CheckpointError(f"{model_path} not found: run `minimodel finetune ... task={cfg.task} "
                                   f"seed={cfg.seed}` first")
         body, head, finetuned = load_finetuned(model_path)
+        check_exportable(body.cfg)  # the model as it was saved (an outside primary's own config)
         plug_embeddings(body, emb.adapted, tok.sha256, tok.vocab_size)
         hf.task_to_hf(body.eval(), head.eval(), list(finetuned.labels), finetuned.qa, out)
         what = {"kind": "question-answering" if finetuned.qa else "text-classification", "task": cfg.task,
                 "seed": cfg.seed, "labels": [str(x) for x in finetuned.labels], "finetuned": str(model_path)}
     else:
         model, _ = load_primary(r.primary, cfg.model.family)
+        check_exportable(model.cfg)
         plug_embeddings(model, emb.adapted, tok.sha256, tok.vocab_size)
         hf.to_hf(model.eval(), out, **(ids if causal(cfg.model) else {}))  # a decoder's config names its ids
         what = {"kind": "text-generation" if causal(cfg.model) else "fill-mask", "primary_model": r.primary}

@@ -301,8 +301,13 @@ def test_a_finished_run_without_its_config_is_skipped_and_a_corrupt_one_named(tm
                                             ("[1, 2]", "holds a JSON list, not the object")])
 def test_a_corrupt_done_json_names_the_file_and_the_fix(tmp_path, text, what):
     (tmp_path / DONE).write_text(text)
-    with pytest.raises(UserError, match=rf"^{tmp_path / DONE} {what}.*delete it and rerun the same command"):
+    with pytest.raises(UserError, match=rf"^{tmp_path / DONE} {what}.*delete it and rerun the stage that wrote it"):
         read_done(tmp_path)
+    run = tmp_path / "adapt" / "de"  # a run the layout names: its command
+    run.mkdir(parents=True)
+    (run / DONE).write_text(text)
+    with pytest.raises(UserError, match=r"delete it and rerun `minimodel adapt \.\.\. lang=de` \(the stage that wrote it\)"):
+        read_done(run)
 
 
 # ---- 2 and 3 through the command line -------------------------------------------------------------------------------
@@ -339,7 +344,8 @@ def test_a_finished_pretraining_is_reused_only_with_its_settings(tmp_path, prepa
     assert main(args) == 2
     err = err_of(capsys)
     assert f"[minimodel] pretrain: error: {run_dir / DONE} is not valid JSON (" in err
-    assert "delete it and rerun the same command to finish the stage again from its last checkpoint" in err
+    assert "delete it and rerun `minimodel pretrain ...` (the stage that wrote it) to finish the stage again from its " \
+           "last checkpoint" in err
     (run_dir / DONE).unlink()  # the fix the message gives
     assert main(args) == 0
     assert json.loads((run_dir / DONE).read_text())["step"] == 2

@@ -311,6 +311,28 @@ def test_a_tiny_gguf_loads_with_transformers_logits(tmp_path):
         assert (ours.logits(x) - theirs(x).logits).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("name", ["model.GGUF", "model.Gguf"])
+def test_a_gguf_suffix_in_any_case_is_read_as_gguf(tmp_path, name):
+    """``model.GGUF`` was taken for a training checkpoint (the suffix was compared case-sensitively), and refused as
+    "not a model"; it is the same GGUF file as ``model.gguf``, as a file and in a directory of its own."""
+    from minimodel.config.schema import is_hf_source
+    from minimodel.models.gguf import hf_source
+
+    (tmp_path / "lower").mkdir()
+    lower = write_gguf(tmp_path / "lower" / "model.gguf")
+    upper = tmp_path / "upper" / name
+    upper.parent.mkdir()
+    shutil.copy(lower, upper)
+    assert is_hf_source(str(upper))
+    assert hf_source(str(upper)) == (str(upper.parent), {"gguf_file": name})
+    assert hf_source(str(upper.parent)) == (str(upper.parent), {"gguf_file": name})  # the directory holding it
+    x = torch.randint(0, 16, (1, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = hf_decoder.from_hf(lower).logits(x)
+        assert torch.equal(hf_decoder.from_hf(upper).logits(x), expected)
+        assert torch.equal(hf_decoder.from_hf(upper.parent).logits(x), expected)
+
+
 HEADER = {"tensors": 8, "fields": 16, "first_key_length": 24}
 """Byte offsets in a GGUF file (versions 2 and 3): the tensor and field counts, the first metadata key's length."""
 

@@ -323,8 +323,17 @@ def pooled_label(label: str, pretrain_seed: int) -> str:
     return system + at + rest
 
 
+GGUF_SUFFIX = ".gguf"
+"""The suffix of a GGUF file, in any case (``model.gguf``, ``model.GGUF``: llama.cpp's tools and hub repos write both)."""
+
+
+def is_gguf_name(path: str | Path) -> bool:
+    """Whether ``path`` names a GGUF file by its suffix, whatever its case."""
+    return Path(path).suffix.lower() == GGUF_SUFFIX
+
+
 def is_hf_source(source: str) -> bool:
-    """A ``bridge.source`` naming a Hugging Face model (directory, hub id, or a GGUF file) rather than a checkpoint
-    file."""
-    return bool(source) and (source.endswith(".gguf") or not source.endswith(".ckpt") and not Path(source).is_file())
+    """A ``bridge.source`` naming a Hugging Face model (directory, hub id, or a GGUF file, its suffix in any case)
+    rather than a checkpoint file."""
+    return bool(source) and (is_gguf_name(source) or not source.endswith(".ckpt") and not Path(source).is_file())
 

@@ -11,24 +11,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from minimodel.config.schema import GGUF_SUFFIX, is_gguf_name
 from minimodel.errors import CheckpointError, ConfigError
 
-GGUF = ".gguf"
+GGUF = GGUF_SUFFIX
 
 
 def hf_source(source: str) -> tuple[str, dict[str, Any]]:
-    """Where ``from_pretrained`` reads ``source`` and the options that make it read a GGUF file: a ``.gguf`` file, or a
-    directory holding one and no ``config.json`` -> (its directory, ``{"gguf_file": name}``); anything else (a model
-    directory, a hub id) as it is. transformers' GGUF support needs the ``gguf`` package (``minimodel[gguf]``)."""
+    """Where ``from_pretrained`` reads ``source`` and the options that make it read a GGUF file: a ``.gguf`` file (the
+    suffix in any case: ``model.GGUF`` too), or a directory holding one and no ``config.json`` -> (its directory,
+    ``{"gguf_file": name}``); anything else (a model directory, a hub id) as it is. transformers' GGUF support needs the
+    ``gguf`` package (``minimodel[gguf]``)."""
     path = Path(source)
     if path.is_dir() and not (path / "config.json").is_file():
-        found = sorted(p.name for p in path.glob(f"*{GGUF}"))
+        found = sorted(p.name for p in path.iterdir() if is_gguf_name(p) and not p.is_dir())
         if len(found) > 1:
             raise CheckpointError(f"{source} holds several GGUF files ({', '.join(found)}): name the one to load "
                                   f"(e.g. {path / found[0]})")
         if found:
             path = path / found[0]
-    if path.suffix != GGUF:
+    if not is_gguf_name(path):
         return source, {}
     if not path.is_file():
         raise CheckpointError(f"{source}: no such GGUF file")

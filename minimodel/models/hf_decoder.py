@@ -340,14 +340,16 @@ def _tokenizer_bound(kind: str) -> bool:
 def export_type(cfg: ModelConfig, new_tokenizer: bool) -> str:
     """The ``model_type`` ``to_hf`` writes a Llama-family ``cfg`` as: ``hf_type``, or with a ``new_tokenizer`` beside it
     and a type whose tokenizer transformers replaces (``_tokenizer_bound``), ``llama`` where Llama can express the
-    model exactly (q/k/v biases through ``attention_bias``, no q/k norm, no sliding window); ValueError otherwise."""
+    model exactly (q/k/v biases through ``attention_bias``, no q/k norm, no sliding window); ``ConfigError``
+    otherwise."""
     kind = hf_type(cfg)
     if not (new_tokenizer and _tokenizer_bound(kind)):
         return kind
     if cfg.qk_norm or cfg.sliding_window:
-        raise ValueError(f"a {kind} model with a new tokenizer cannot be exported: transformers' AutoTokenizer "
-                         f"replaces any tokenizer beside a {kind} config with {kind}'s own, and Llama cannot hold "
-                         f"qk_norm={cfg.qk_norm}, sliding_window={cfg.sliding_window}")
+        raise ConfigError(f"a {kind} model with a new tokenizer cannot be exported: transformers' AutoTokenizer "
+                          f"replaces any tokenizer beside a {kind} config with {kind}'s own, and Llama cannot hold "
+                          f"model.qk_norm={cfg.qk_norm}, model.sliding_window={cfg.sliding_window}; export the "
+                          f"embeddings alone (--embeddings-only)")
     log.info(f"export: written as model_type llama (attention_bias, output-projection bias 0), not {kind}: "
              f"transformers' AutoTokenizer would replace the new tokenizer beside a {kind} config with {kind}'s own")
     return "llama"
@@ -355,7 +357,8 @@ def export_type(cfg: ModelConfig, new_tokenizer: bool) -> str:
 
 def hf_config(cfg: ModelConfig, bos: int, eos: int, pad: int, kind: str | None = None) -> Any:
     """The transformers config of ``cfg`` (``GPT2Config``, or ``LlamaConfig`` / ``MistralConfig`` / ``Qwen2Config`` /
-    ``Qwen3Config`` by ``kind``, by default ``hf_type``); ValueError for options none of them has."""
+    ``Qwen3Config`` by ``kind``, by default ``hf_type``); ``ConfigError`` (naming the ``model.*`` keys) for options
+    none of them has."""
     tf = outside.transformers()
     if cfg.positions == "learned" and cfg.norm == "layernorm" and cfg.bias and cfg.tie_embeddings and \
             cfg.activation in ("gelu_tanh", "gelu") and not cfg.llama_options():
@@ -378,10 +381,11 @@ def hf_config(cfg: ModelConfig, bos: int, eos: int, pad: int, kind: str | None =
             rope_theta=cfg.rope_theta, rope_scaling=_rope_scaling(cfg), bos_token_id=bos, eos_token_id=eos,
             pad_token_id=pad, tie_word_embeddings=cfg.tie_embeddings, **extra,
             **_window_options(kind, cfg.sliding_window))
-    raise ValueError(f"a decoder with norm={cfg.norm}, positions={cfg.positions}, activation={cfg.activation}, "
-                     f"bias={cfg.bias}, tie_embeddings={cfg.tie_embeddings} is neither GPT-2 (layernorm, learned, "
-                     f"gelu_tanh, biases, tied) nor of the Llama family (rmsnorm, rotary, swiglu, no biases): no "
-                     f"transformers class")
+    raise ConfigError(f"a decoder with model.norm={cfg.norm}, model.positions={cfg.positions}, model.activation="
+                      f"{cfg.activation}, model.bias={cfg.bias}, model.tie_embeddings={cfg.tie_embeddings} is neither "
+                      f"GPT-2 (layernorm, learned, gelu_tanh or gelu, biases, tied) nor of the Llama family (rmsnorm, "
+                      f"rotary, swiglu, no biases): no transformers class holds it, so it cannot be exported as a "
+                      f"transformers model; export the embeddings alone (--embeddings-only)")
 
 
 def to_hf(model: DecoderLM, path: str | Path, bos: int = 0, eos: int = 2, pad: int = 1,

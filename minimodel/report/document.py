@@ -275,6 +275,10 @@ def check_report_out(out: Path, force: bool) -> bool:
     if out.is_dir():
         raise ConfigError(f"--out {out} is a directory: the report is one Markdown file (its plots go to plots/ "
                           f"beside it): give a file path, e.g. --out {out / 'report.md'}")
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ConfigError(f"--out {out}: {above} is a file, so no directory can be made under it: choose another "
+                          f"--out")
     if not (out.exists() or out.is_symlink()):
         return False
     if not out.is_file():

@@ -61,15 +61,13 @@ def load_primary(source: str, family: str = DEFAULT_FAMILY, lengths: dict[str, i
 
 
 def not_a_source(source: str, e: Exception) -> str:
-    """The error for a ``bridge.source`` file that does not load as a training checkpoint (a README, a damaged file,
-    a GGUF file named in upper case): what it is not, what the setting takes, and that the file was left alone."""
+    """The error for a ``bridge.source`` file that does not load as a training checkpoint (a README, a damaged file):
+    what it is not, what the setting takes, and that the file was left alone. (A GGUF file, its suffix in any case, is
+    read as one: ``is_hf_source``.)"""
     path = Path(source)
-    gguf = (f" {path.name} looks like a GGUF file, which minimodel recognises by its lower-case suffix: rename it "
-            f"to {path.stem}.gguf (or point bridge.source at a copy so named)." if path.suffix.lower() == ".gguf"
-            and path.suffix != ".gguf" else "")
-    return (f"bridge.source={source}: not a model minimodel can read ({e}).{gguf} bridge.source names a training "
+    return (f"bridge.source={source}: not a model minimodel can read ({e}). bridge.source names a training "
             f"checkpoint that `minimodel pretrain` wrote (.../pretrain/checkpoints/last.ckpt), a Hugging Face model "
-            f"directory or hub id, or a GGUF file (*.gguf); {path.name} was left as it is")
+            f"directory or hub id, or a GGUF file (*.gguf, in any case); {path.name} was left as it is")
 
 
 def fit_blocks(data: MLMDataModule, tokens: int) -> list[torch.Tensor]:

@@ -175,14 +175,34 @@ def read_done(run_dir: Path) -> dict | None:
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path} is not valid JSON ({e}); this file marks the stage run as finished: delete it and "
-                        f"rerun the same command to finish the stage again from its last checkpoint "
-                        f"(or restore the file)") from e
+        raise UserError(f"{path} is not valid JSON ({e}); this file marks the stage run as finished: "
+                        f"{_redo_done(run_dir)}") from e
     if not isinstance(info, dict):
         raise UserError(f"{path} holds a JSON {type(info).__name__}, not the object a finished stage run records; "
-                        f"delete it and rerun the same command to finish the stage again from its last checkpoint "
-                        f"(or restore the file)")
+                        f"{_redo_done(run_dir)}")
     return info
+
+
+def stage_command(run_dir: Path) -> str:
+    """The command that writes the stage run ``run_dir``, from its place in the layout (``minimodel adapt ...
+    lang=de``); "" where the layout does not say."""
+    parts = Path(run_dir).parts
+    if parts and parts[-1] in ("pretrain", "bridge"):
+        return f"minimodel {parts[-1]} ..."
+    if len(parts) >= 2 and parts[-2] == "adapt":
+        return f"minimodel adapt ... lang={parts[-1]}"
+    if len(parts) >= 3 and parts[-3] == "finetune" and parts[-1].startswith("seed"):
+        return f"minimodel finetune ... task={parts[-2]} seed={parts[-1][4:]}"
+    return ""
+
+
+def _redo_done(run_dir: Path) -> str:
+    """The advice for a damaged ``done.json`` of ``run_dir``: whichever command read it (the stage itself, a later
+    stage, evaluate, export), rerunning the stage that wrote it finishes it again."""
+    command = stage_command(run_dir)
+    stage = f"`{command}` (the stage that wrote it)" if command else "the stage that wrote it"
+    return (f"delete it and rerun {stage} to finish the stage again from its last checkpoint, then the command that "
+            f"stopped here if it was another (or restore the file)")
 
 
 def write_done(run_dir: Path, info: dict) -> None:
