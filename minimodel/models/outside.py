@@ -14,7 +14,7 @@ A GGUF file is read once: given the experiment's ``runs_dir``, it is converted t
 (``{runs_dir}/.sources/<file stem>-<sha256[:16]>/``: its config, float32 weights as safetensors, its tokenizer),
 which every later load of the model or tokenizer reads, in any stage or process (``gguf_copy``); a file of another
 content is another copy, and a copy that is incomplete or of another transformers version is converted again. Its
-architecture is checked from the header before anything is decoded.
+architecture is checked from the header before anything is decoded. A hub id is tried once, briefly (``check_hub``).
 
 Needs ``transformers`` (``pip install minimodel[hf]``); it is imported only inside the functions."""
 
@@ -67,6 +67,7 @@ SOURCES = ".sources"
 MARKER = "minimodel-source.json"
 """In a converted copy: what it was made from (the GGUF file's path, size, mtime, sha256), by which transformers
 version, and the size of each file it holds; a copy without a readable marker that matches is never read."""
+HUB_TIMEOUT = 5.0  # seconds: the one attempt at the hub for an id not in the local cache
 
 
 def transformers() -> Any:
@@ -121,6 +122,45 @@ def check_architecture(path: Path, header: GGUFHeader, model_types: tuple[str, .
         raise ConfigError(f"{path}: a GGUF file of architecture {header.arch!r}: {refuse}")
     layers = header.ints.get(header.arch + GGUF_LAYERS)
     check_sizes({"num_hidden_layers": layers} if layers is not None else {}, f"{path} ({header.arch}{GGUF_LAYERS})")
+
+
+def hub_offline() -> bool:
+    """Whether the environment says there is no hub to ask: ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) set to
+    a true value now, or when huggingface_hub was imported."""
+    import huggingface_hub.constants as hub
+
+    now = any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_HUB_OFFLINE",
+                                                                                    "TRANSFORMERS_OFFLINE"))
+    return now or bool(hub.HF_HUB_OFFLINE)
+
+
+def check_hub(name: str, filename: str = CONFIG) -> None:
+    """A hub id (``name``), before transformers asks the hub for it (which, for a file it has not cached, retries for
+    half a minute without a network): in the local Hugging Face cache, or else, where the environment says offline
+    (``hub_offline``), a ``CheckpointError`` at once; otherwise one request of ``HUB_TIMEOUT`` seconds, without
+    retries, and a ``CheckpointError`` when the hub cannot be reached or does not know the id. ``filename``: the file
+    the id must have (``config.json`` for a model; a tokenizer's ``tokenizer_config.json``)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.errors import EntryNotFoundError
+
+    def refused(why: str) -> CheckpointError:
+        return CheckpointError(f"{name}: no such local directory, and not a model id the hub answers for here "
+                               f"({why}); check the path or id, or fetch the model again")
+
+    try:
+        if isinstance(try_to_load_from_cache(name, filename), str):
+            return
+        url = hf_hub_url(name, filename)
+    except Exception as e:  # not a valid repository id (huggingface_hub's validation)
+        raise refused(_first_line(e)) from None
+    if hub_offline():
+        raise refused("not in the local Hugging Face cache, and HF_HUB_OFFLINE is set, so the hub is not asked")
+    try:
+        get_hf_file_metadata(url, timeout=HUB_TIMEOUT)  # one request (huggingface_hub retries none of it)
+    except EntryNotFoundError:  # the id is there without this file: transformers' load says what it lacks
+        return
+    except Exception as e:  # no network, a timeout, an unknown or private id
+        raise refused(f"one attempt at the hub, {HUB_TIMEOUT:g} s at most: {_first_line(e, 200)}") from None
 
 
 def check_sizes(values: dict[str, Any], where: str) -> None:
@@ -194,6 +234,7 @@ def read_config(src: Source, model_types: tuple[str, ...], family: str) -> Any:
     else:
         path = Path(src.where) / CONFIG
         if not src.local:
+            check_hub(src.where)  # offline: at once; otherwise one short attempt, not half a minute of retries
             try:
                 from transformers.utils import cached_file
 
@@ -462,6 +503,8 @@ def load_tokenizer(ref: str, runs_dir: str | Path = "") -> tuple[Any, Source]:
     config = Path(src.where) / CONFIG
     if config.is_file():  # AutoTokenizer may build the model's config from it (a tokenizer_config.json without a class)
         check_sizes(_config_json(config, model=False), str(config))
+    elif not src.local:
+        check_hub(src.where, "tokenizer_config.json")
     return AutoTokenizer.from_pretrained(src.where), src
 
 
