@@ -497,7 +497,7 @@ def load_tokenizer(ref: str, runs_dir: str | Path = "") -> tuple[Any, Source]:
                            f"minimodel reads GGUF files of the architectures {list(GGUF_ARCHITECTURES)}")
         if runs_dir:
             copy = gguf_copy(src, header, runs_dir)
-            if _marker(Path(copy.where)).get("tokenizer"):
+            if copy.gguf is None and _marker(Path(copy.where)).get("tokenizer"):
                 return AutoTokenizer.from_pretrained(copy.where), src
         return gguf_tokenizer(AutoTokenizer, src.where, src.options), src
     config = Path(src.where) / CONFIG
@@ -557,7 +557,8 @@ def gguf_copy(src: Source, header: GGUFHeader, runs_dir: str | Path) -> Source:
     size and mtime in ``{runs_dir}/.file-digests.json``: hashed once). A copy that is there and current
     (``copy_current``) is read as it is; otherwise the file is converted (``_convert``), written whole or not at all,
     and an earlier copy of the same file (another content) is removed. The log says which. The ``Source`` returned
-    keeps ``src.name``: messages and the experiment's provenance name the GGUF file, not the copy."""
+    keeps ``src.name``: messages and the experiment's provenance name the GGUF file, not the copy. Where the copy
+    cannot be written (a full disk, a read-only runs directory), a warning says so and ``src`` itself is returned."""
     from minimodel.store.provenance import file_digest
 
     tf = transformers()
@@ -569,7 +570,11 @@ def gguf_copy(src: Source, header: GGUFHeader, runs_dir: str | Path) -> Source:
     if copy_current(copy, made_from):
         log.info(f"{src.name}: from the converted copy {copy}")
     else:
-        _convert(src, header, copy, made_from)
+        try:
+            _convert(src, header, copy, made_from)
+        except WriteError as e:  # a full disk, a read-only runs directory: the file itself is read, as without one
+            log.warning(f"{src.name}: its converted copy cannot be written ({e}); read from the GGUF file itself")
+            return src
         log.info(f"{src.name}: converted once to {copy}")
         for old in copy.parent.glob(f"{gguf.stem}-*"):  # the copy of this file as it was before
             if old != copy and _marker(old).get("source") == str(gguf):
