@@ -211,6 +211,8 @@ class HFTokenizer:
                                      f"with tokenizer_config.json; it holds {files} ({reason})") from e
             if Path(ref).is_file():
                 raise TokenizerError(f"cannot load the tokenizer of the model file {ref}: {reason}") from e
+            if isinstance(e, UserError) and reason.startswith(f"{ref}: "):  # the door's refusal of a hub id
+                raise TokenizerError(f"cannot load a Hugging Face tokenizer from {reason}") from e
             raise TokenizerError(f"cannot load a Hugging Face tokenizer from {ref}: no such local directory, and "
                                  f"as a hub id it failed ({reason})") from e
         if not getattr(self.hf, "is_fast", False):
