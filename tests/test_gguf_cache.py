@@ -123,6 +123,19 @@ def test_the_tokenizer_converts_first_and_its_workers_read_the_copy(tmp_path, mo
     assert len(lines(logged, "from the converted copy")) == 2
 
 
+def test_every_stage_reads_the_copy_through_load_primary(tmp_path, monkeypatch, logged):
+    """``load_primary`` (bridge, adapt, finetune, perplexity, export) hands the experiment's runs_dir on."""
+    from minimodel.stages.bridge import load_primary
+
+    path = write_gguf(tmp_path / "tiny.gguf")
+    runs = tmp_path / "runs"
+    first, _ = load_primary(str(path), "decoder", runs_dir=str(runs))
+    no_decoding(monkeypatch)
+    again, record = load_primary(str(path), "decoder", runs_dir=str(runs))
+    assert record == {} and again.training and torch.equal(logits(again.eval()), logits(first.eval()))
+    assert len(lines(logged, "converted once to")) == len(lines(logged, "from the converted copy")) == 1
+
+
 def test_a_changed_gguf_file_is_converted_again_and_its_old_copy_removed(tmp_path, logged):
     path = write_gguf(tmp_path / "tiny.gguf")
     runs = tmp_path / "runs"
