@@ -250,7 +250,8 @@ def read_config(src: Source, model_types: tuple[str, ...], family: str) -> Any:
                                   f"model directory as save_pretrained writes it, or a GGUF file")
         values = _config_json(path)
         if values["model_type"] not in model_types:
-            raise ConfigError(f"{path}: unsupported model_type={values['model_type']!r} ({_reads(model_types, family)})")
+            raise ConfigError(f"{path}: unsupported model_type={values['model_type']!r} "
+                              f"({_reads(model_types, family)})")
         check_sizes(values, str(path))
     try:
         return tf.AutoConfig.from_pretrained(src.where, **src.options)
@@ -587,9 +588,9 @@ def gguf_copy(src: Source, header: GGUFHeader, runs_dir: str | Path) -> Source:
 def _convert(src: Source, header: GGUFHeader, copy: Path, made_from: dict[str, Any]) -> None:
     """Write ``copy``: the GGUF file's model, dequantised to float32 (transformers' load, through ``read_config`` and
     ``load_weights``: their checks and errors), as ``config.json`` and ``model.safetensors``, and its tokenizer where
-    the file carries one (``save_pretrained``), with the marker (``MARKER``) last; in a temporary directory renamed into place, so that a conversion
-    stopped halfway leaves no copy. Refused before anything is decoded when its float32 tensors would not fit the
-    memory available."""
+    the file carries one (``save_pretrained``), with the marker (``MARKER``) last; in a temporary directory renamed
+    into place, so that a conversion stopped halfway leaves no copy. Refused before anything is decoded when its
+    float32 tensors would not fit the memory available."""
     import torch
     from safetensors.torch import save_model
 
