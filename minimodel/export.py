@@ -220,7 +220,7 @@ def _write(cfg: ExperimentConfig, emb: Embeddings, out: Path, embeddings_only: b
         what = {"kind": "question-answering" if finetuned.qa else "text-classification", "task": cfg.task,
                 "seed": cfg.seed, "labels": [str(x) for x in finetuned.labels], "finetuned": str(model_path)}
     else:
-        model, _ = load_primary(r.primary, cfg.model.family)
+        model, _ = load_primary(r.primary, cfg.model.family, runs_dir=cfg.runs_dir)
         check_exportable(model.cfg)
         plug_embeddings(model, emb.adapted, tok.sha256, tok.vocab_size)
         hf.to_hf(model.eval(), out, **(ids if causal(cfg.model) else {}))  # a decoder's config names its ids

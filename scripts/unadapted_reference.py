@@ -52,7 +52,7 @@ def main() -> None:
     if not plan.external_primary:
         raise SystemExit(f"{args.experiment}: no public primary model (bridge.source): the unadapted reference "
                          f"needs one whose tokenizer reads the target languages")
-    tok = HFTokenizer(plan.tokenizer, causal=causal(cfg.model))
+    tok = HFTokenizer(plan.tokenizer, causal=causal(cfg.model), runs_dir=cfg.runs_dir)
     device, r = device_for(cfg), plan.runs
     splits = ["dev", "test"] if cfg.evaluate.dev else ["test"]
     per_char = source_loss_per_char(cfg, plan, tok, device)
@@ -90,7 +90,7 @@ def source_loss_per_char(cfg: ExperimentConfig, plan: StagePlan, tok: HFTokenize
     yet are left out, with a line saying so."""
     if not family_of(cfg.model).perplexity:
         return {}
-    model, _ = load_primary(plan.runs.primary, cfg.model.family)
+    model, _ = load_primary(plan.runs.primary, cfg.model.family, runs_dir=cfg.runs_dir)
     model.to(device)
     out = {}
     for lang in cfg.target_langs:

@@ -71,8 +71,15 @@ def copy_of(bases: Path, kind: str, out: Path) -> Path:
     return out
 
 
-def write_gguf(path: Path, arch: str = "llama", layers: int = 1, hidden: int = 8, heads: int = 2) -> Path:
-    """A tiny float32 GGUF file of ``arch`` (gguf's own writer), which transformers and minimodel load."""
+TINY_TOKENS = ["<|endoftext|>", "a", "b", "c", "d", "e", "\u0120", "ab", "cd", "\u0120a", "\u0120b", "abcd", "f", "g",
+               "h", "i"]
+"""The vocabulary of ``write_gguf(tokenizer=True)``: a byte-level BPE one (GPT-2's kind) of 16 pieces."""
+
+
+def write_gguf(path: Path, arch: str = "llama", layers: int = 1, hidden: int = 8, heads: int = 2,
+               tokenizer: bool = False, seed: int = 0) -> Path:
+    """A tiny float32 GGUF file of ``arch`` (gguf's own writer), which transformers and minimodel load; with a
+    byte-level BPE tokenizer of ``TINY_TOKENS`` (``tokenizer``); ``seed``: its weights' random draw."""
     gguf = pytest.importorskip("gguf")
     pytest.importorskip("accelerate")
     import numpy as np
@@ -88,7 +95,15 @@ def write_gguf(path: Path, arch: str = "llama", layers: int = 1, hidden: int = 8
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10_000.0)
     w.add_vocab_size(vocab)
-    rng = np.random.default_rng(0)
+    if tokenizer:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(TINY_TOKENS)
+        w.add_token_types([3] + [1] * (len(TINY_TOKENS) - 1))  # <|endoftext|> a control token, the rest normal
+        w.add_token_merges(["a b", "c d", "\u0120 a", "\u0120 b", "ab cd"])
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(0)
+    rng = np.random.default_rng(seed)
 
     def tensor(*shape: int) -> Any:
         return rng.standard_normal(shape).astype(np.float32)

@@ -80,22 +80,22 @@ def workers_for(setting: int) -> int:
     return setting if setting > 0 else available_cpus()
 
 
-def _tokenizer_spec(tok: AnyTokenizer) -> tuple[str, str]:
-    """How a worker process loads the same tokenizer."""
+def _tokenizer_spec(tok: AnyTokenizer) -> tuple[str, str, str]:
+    """How a worker process loads the same tokenizer (a GGUF file's: from the copy the parent converted)."""
     from minimodel.data.tokenizer import HFTokenizer, Tokenizer
 
     if isinstance(tok, HFTokenizer):
-        return "hf-causal" if tok.causal else "hf", str(tok.path)
+        return "hf-causal" if tok.causal else "hf", str(tok.path), tok.runs_dir
     if isinstance(tok, Tokenizer):
-        return "spm", str(tok.path)
+        return "spm", str(tok.path), ""
     raise TypeError(f"cannot encode with {type(tok).__name__} in worker processes; use one worker")
 
 
-def _load_tokenizer(spec: tuple[str, str]) -> AnyTokenizer:
+def _load_tokenizer(spec: tuple[str, str, str]) -> AnyTokenizer:
     from minimodel.data.tokenizer import HFTokenizer, Tokenizer
 
-    kind, ref = spec
-    return HFTokenizer(ref, causal=kind == "hf-causal") if kind.startswith("hf") else Tokenizer(ref)
+    kind, ref, runs_dir = spec
+    return HFTokenizer(ref, kind == "hf-causal", runs_dir) if kind.startswith("hf") else Tokenizer(ref)
 
 
 def encode_chunk(chunk: RawChunk, first_line: int, tok: AnyTokenizer, out_dir: Path) -> tuple[dict, Undecodable]:
@@ -112,7 +112,7 @@ def encode_chunk(chunk: RawChunk, first_line: int, tok: AnyTokenizer, out_dir: P
     return entry, undecodable
 
 
-def _worker(spec: tuple[str, str], out_dir: Path, tasks: Any, results: Any, parent: int) -> None:
+def _worker(spec: tuple[str, str, str], out_dir: Path, tasks: Any, results: Any, parent: int) -> None:
     """An encoding process: chunks in, manifest entries (or the error that stopped it) out. Stop signals and Ctrl-C
     are the parent's to handle (it lets the workers finish their shards, or stops them with SIGUSR2: a clean exit
     that leaves no temporary file); it leaves when the parent is gone."""

@@ -125,7 +125,7 @@ def _extension_current(cfg: ExperimentConfig, paths: Prepared) -> bool:
 def load_prepared_tokenizer(cfg: ExperimentConfig, lang: str) -> AnyTokenizer:
     """The tokenizer ``prepare`` used for ``lang`` (clear error when it has not run)."""
     paths = prepared_paths(cfg, lang)
-    return HFTokenizer(paths.tokenizer, causal(cfg.model)) if paths.hf else Tokenizer(paths.tokenizer)
+    return HFTokenizer(paths.tokenizer, causal(cfg.model), cfg.runs_dir) if paths.hf else Tokenizer(paths.tokenizer)
 
 
 def prepare_language(cfg: ExperimentConfig, lang: str, progress: bool = True,
@@ -192,7 +192,7 @@ def _prepare(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path, pr
         tok = _extended_tokenizer(cfg, lang, paths, own, corpus)
     elif paths.hf:
         is_causal = causal(cfg.model)
-        tok = HFTokenizer(paths.tokenizer, is_causal)
+        tok = HFTokenizer(paths.tokenizer, is_causal, cfg.runs_dir)
         mask = "" if is_causal else f", <mask> = {tok.specials.mask}"  # a causal LM masks nothing: no <mask> to name
         log.info(f"prepare {lang}: Hugging Face tokenizer {paths.tokenizer} ({tok.vocab_size} pieces, "
                  f"{tok.convention} pieces{mask})")
@@ -263,7 +263,7 @@ def _extended_tokenizer(cfg: ExperimentConfig, lang: str, paths: Prepared, own: 
                  f"{own.path}" + (f" and {record['intermediate']:,} pieces on the way to them ({record['unreachable']:,} "
                                   f"not reached in the first {EXTEND_LINES:,} lines)" if paths.hf else "")
                  + f" -> {paths.tokenizer}")
-    return HFTokenizer(paths.tokenizer, causal(cfg.model)) if paths.hf else Tokenizer(paths.tokenizer)
+    return HFTokenizer(paths.tokenizer, causal(cfg.model), cfg.runs_dir) if paths.hf else Tokenizer(paths.tokenizer)
 
 
 def _stopped(lang: str, stop: Callable[[], str | None], kept: str) -> str:

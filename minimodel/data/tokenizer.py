@@ -186,12 +186,13 @@ class HFTokenizer:
     tokens; not its truncation or padding settings, which encoding here ignores), so the same
     tokenizer has the same identity wherever it was loaded from."""
 
-    def __init__(self, ref: str, causal: bool = False) -> None:
+    def __init__(self, ref: str, causal: bool = False, runs_dir: str = "") -> None:
         """``causal``: the tokenizer of a causal LM (GPT-2, Llama), which may lack <pad>, <unk> and <mask>: padding
         is then its end-of-sequence token (what the model's ``pad_id`` must be), <unk> and <mask> (which nothing
         inserts into a causal LM's blocks) the end-of-sequence token too, and a missing <s> the end-of-sequence
-        token (GPT-2's ``<|endoftext|>`` is both)."""
-        self.path, self.causal = ref, causal
+        token (GPT-2's ``<|endoftext|>`` is both). ``runs_dir`` (the experiment's): a GGUF file's tokenizer is read
+        from the file's copy converted once there (``outside.gguf_copy``); ``path`` stays ``ref``."""
+        self.path, self.causal, self.runs_dir = ref, causal, runs_dir
         # encoding runs on all cores; forked DataLoader workers never tokenize, so keep it on after a fork
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
         try:
@@ -200,7 +201,7 @@ class HFTokenizer:
             raise TokenizerError("data.source_tokenizer needs Hugging Face transformers: "
                                  "pip install 'minimodel[hf]'") from e
         try:  # through the one door for outside models; a GGUF file carries its tokenizer
-            self.hf, _ = outside.load_tokenizer(ref)
+            self.hf, _ = outside.load_tokenizer(ref, runs_dir)
         except Exception as e:  # OSError for a missing dir / unreachable hub, ValueError for a bad one
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             if Path(ref).is_dir():
@@ -210,6 +211,8 @@ class HFTokenizer:
                                      f"with tokenizer_config.json; it holds {files} ({reason})") from e
             if Path(ref).is_file():
                 raise TokenizerError(f"cannot load the tokenizer of the model file {ref}: {reason}") from e
+            if isinstance(e, UserError) and reason.startswith(f"{ref}: "):  # the door's refusal of a hub id
+                raise TokenizerError(f"cannot load a Hugging Face tokenizer from {reason}") from e
             raise TokenizerError(f"cannot load a Hugging Face tokenizer from {ref}: no such local directory, and "
                                  f"as a hub id it failed ({reason})") from e
         if not getattr(self.hf, "is_fast", False):

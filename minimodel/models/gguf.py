@@ -5,6 +5,7 @@ into what ``from_pretrained`` reads; nothing here imports torch."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import struct
 from collections import Counter
 from dataclasses import dataclass
@@ -52,11 +53,15 @@ MAX_NESTING = 4  # arrays of arrays of ...: deeper is a damaged or crafted heade
 @dataclass(frozen=True)
 class GGUFHeader:
     """What a GGUF file's header says: its architecture, the storage type (``GGMLQuantizationType`` number) of each
-    tensor, and its integer metadata (``llama.block_count`` ...: the sizes a size check reads before any load)."""
+    tensor, its integer metadata (``llama.block_count`` ...: the sizes a size check reads before any load), the
+    names of all its metadata keys (``tokenizer.ggml.model``: it carries a tokenizer) and the number of values its
+    tensors hold (what a load dequantises to float32)."""
 
     arch: str
     types: list[int]
     ints: dict[str, int]
+    keys: frozenset[str] = frozenset()
+    elements: int = 0
 
 
 def gguf_metadata(path: Path) -> GGUFHeader:
@@ -137,26 +142,29 @@ def _read_header(f: Any, path: Path, size: int) -> GGUFHeader:
     if fields > r.left() or tensors > r.left():  # a field or tensor entry takes more than a byte
         raise r.crafted(f"the header counts {tensors:,} tensors and {fields:,} metadata fields in a file of "
                         f"{size:,} bytes")
-    arch, ints = "?", {}
+    arch, ints, keys = "?", {}, set()
     for _ in range(fields):
         key, kind = r.string("a metadata key"), r.read("<I")
         name = key.decode("utf-8", "replace")
+        keys.add(name)
         if name == "general.architecture" and kind == _STRING:
             arch = r.string("the architecture").decode("utf-8", "replace")
         elif kind in _INTS:
             ints[name] = int(r.read(_INTS[kind]))
         else:
             r.skip(kind)
-    types = []
+    types, elements = [], 0
     for _ in range(tensors):
         r.string("a tensor name")
         dims = r.read("<I")
         if dims > MAX_DIMENSIONS:
             raise r.crafted(f"a tensor of {dims:,} dimensions")
-        r.skip_bytes(8 * dims, "a tensor's dimensions")
+        if 8 * dims > r.left():
+            raise r.short("a tensor's dimensions", 8 * dims)
+        elements += math.prod(r.read("<Q") for _ in range(dims))
         types.append(r.read("<I"))
         r.read("<Q")  # offset
-    return GGUFHeader(arch, types, ints)
+    return GGUFHeader(arch, types, ints, frozenset(keys), elements)
 
 
 def gguf_header(path: Path) -> tuple[str, list[int]]:

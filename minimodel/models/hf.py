@@ -163,7 +163,7 @@ def our_state_dict_to_hf(model: RobertaMLM) -> dict[str, Tensor]:
     return hf
 
 
-def from_hf(path: str | Path, lengths: dict[str, int] | None = None) -> RobertaMLM:
+def from_hf(path: str | Path, lengths: dict[str, int] | None = None, runs_dir: str | Path = "") -> RobertaMLM:
     """Load a HF ``RobertaForMaskedLM`` / ``XLMRobertaForMaskedLM`` (local directory or hub id) as ``RobertaMLM``.
 
     Outputs match HF's (eval mode, ``token_type_ids`` left at 0) up to float rounding. Read through the one door for
@@ -173,9 +173,10 @@ def from_hf(path: str | Path, lengths: dict[str, int] | None = None) -> RobertaM
     checked against its positions. The weights are ``model.safetensors`` whenever the directory has it; a
     ``pytorch_model.bin`` (a pickle) is read as plain data only, and one that holds Python objects is refused
     (``CheckpointError``) as minimodel's own checkpoints are; an untied output projection is a ``CheckpointError``.
+    ``runs_dir``: as the decoder family's ``from_hf`` takes it (a GGUF file is refused by its architecture here).
     """
     tf = outside.transformers()
-    src = outside.source(path)
+    src = outside.local_source(outside.source(path), runs_dir, SUPPORTED_MODEL_TYPES, "encoder")
     hf_config = outside.read_config(src, SUPPORTED_MODEL_TYPES, "encoder")
     cfg = outside.model_config(hf_config_to_model_config, hf_config, src)
     outside.check_memory(cfg, src)

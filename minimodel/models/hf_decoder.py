@@ -82,6 +82,7 @@ def _pad(hf_config: Any, vocab: int, source: str) -> int:
 
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+MODEL_TYPES = ("gpt2", *LLAMA_TYPES)  # what the family reads (outside.GGUF_ARCHITECTURES: the same, from a GGUF file)
 """The ``model_type`` values of the Llama family: one architecture (RMSNorm, rotary, SwiGLU, no biases) with
 grouped-query attention and a free head width, plus q/k/v biases (qwen2), per-head q/k RMSNorm (qwen3) and a sliding
 attention window (mistral; qwen2/3 where ``use_sliding_window``)."""
@@ -198,7 +199,7 @@ def hf_config_to_model_config(hf_config: Any, source: str = "hf config") -> Mode
             pad_id=_pad(hf_config, vocab, source), init_std=outside.field_number(hf_config, "initializer_range", source))
     if kind in LLAMA_TYPES:
         return _llama_like(hf_config, kind, refuse, source)
-    raise refuse("model_type", kind, f"in {['gpt2', *LLAMA_TYPES]} for model.family=decoder")
+    raise refuse("model_type", kind, f"in {list(MODEL_TYPES)} for model.family=decoder")
 
 
 def _gpt2_map(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
@@ -280,16 +281,17 @@ def our_state_dict_to_hf(model: DecoderLM) -> dict[str, Tensor]:
     return hf
 
 
-def from_hf(path: str | Path, lengths: dict[str, int] | None = None) -> DecoderLM:
+def from_hf(path: str | Path, lengths: dict[str, int] | None = None, runs_dir: str | Path = "") -> DecoderLM:
     """Load a Hugging Face causal LM of the decoder family (``GPT2LMHeadModel``, or a Llama-family model: Llama,
     Mistral, Qwen2, Qwen3; a local directory, a hub id, or a GGUF file / a directory holding one, dequantised to
     float32 on load) as ``DecoderLM``; its logits match the HF model's (eval mode) up to float rounding. Read through
     the one door for outside models (``outside``): every failure is the project's error naming the file; sizes are
     checked before anything is built, and ``lengths`` (``families.sequence_lengths``) against the source's positions
-    and sliding window."""
+    and sliding window. ``runs_dir`` (the experiment's): a GGUF file is read from its copy converted once there
+    (``outside.gguf_copy``), not dequantised again on every load."""
     tf = outside.transformers()
-    src = outside.source(path)
-    hf_config = outside.read_config(src, ("gpt2", *LLAMA_TYPES), "decoder")
+    src = outside.local_source(outside.source(path), runs_dir, MODEL_TYPES, "decoder")
+    hf_config = outside.read_config(src, MODEL_TYPES, "decoder")
     cfg = outside.model_config(hf_config_to_model_config, hf_config, src)
     outside.check_memory(cfg, src)
     outside.check_lengths(cfg, lengths or {}, src,

@@ -10,6 +10,12 @@ transformers builds its config (a Qwen2 config of 10^9 layers lists 10^9 layer t
 config describes before any tensor or module is built, and the source's own position and window limits against
 the sequence lengths of the experiment.
 
+A GGUF file is read once: given the experiment's ``runs_dir``, it is converted to a Hugging Face directory
+(``{runs_dir}/.sources/<file stem>-<sha256[:16]>/``: its config, float32 weights as safetensors, its tokenizer),
+which every later load of the model or tokenizer reads, in any stage or process (``gguf_copy``); a file of another
+content is another copy, and a copy that is incomplete or of another transformers version is converted again. Its
+architecture is checked from the header before anything is decoded. A hub id is tried once, briefly (``check_hub``).
+
 Needs ``transformers`` (``pip install minimodel[hf]``); it is imported only inside the functions."""
 
 from __future__ import annotations
@@ -19,15 +25,18 @@ import math
 import os
 import pickle
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from minimodel.errors import CheckpointError, ConfigError, UserError
-from minimodel.log import quiet_gguf
+from minimodel.errors import CheckpointError, ConfigError, UserError, WriteError
+from minimodel.log import get_logger, quiet_gguf
 from minimodel.models import families
-from minimodel.models.gguf import gguf_metadata, hf_source
+from minimodel.models.gguf import GGUFHeader, gguf_metadata, gguf_summary, hf_source
+
+log = get_logger(__name__)
 
 CONFIG = "config.json"
 MAX_CONFIG_BYTES = 16 * 2**20  # a config.json is kilobytes; one of megabytes is not a model's config
@@ -49,6 +58,16 @@ SIZE_FIELDS = {"vocab_size": 1, "hidden_size": 1, "n_embd": 1, "intermediate_siz
                "num_hidden_layers": 1, "n_layer": 1, "max_window_layers": 0}
 NULLABLE = ("n_inner", "num_key_value_heads", "head_dim", "sliding_window")
 GGUF_LAYERS = ".block_count"  # the GGUF metadata key (after the architecture) of the layer count
+GGUF_ARCHITECTURES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
+"""The GGUF architectures minimodel reads (the decoder family's model types, ``hf_decoder``); a GGUF file of any
+other is refused from its header, before transformers decodes anything."""
+GGUF_TOKENIZER = "tokenizer.ggml.model"  # the GGUF metadata key of a file that carries its tokenizer
+SOURCES = ".sources"
+"""Beside the runs (``{runs_dir}/.sources/``): the GGUF sources converted once to Hugging Face directories."""
+MARKER = "minimodel-source.json"
+"""In a converted copy: what it was made from (the GGUF file's path, size, mtime, sha256), by which transformers
+version, and the size of each file it holds; a copy without a readable marker that matches is never read."""
+HUB_TIMEOUT = 5.0  # seconds: the one attempt at the hub for an id not in the local cache
 
 
 def transformers() -> Any:
@@ -95,6 +114,55 @@ def source(name: str | Path) -> Source:
     return s
 
 
+def check_architecture(path: Path, header: GGUFHeader, model_types: tuple[str, ...], refuse: str) -> None:
+    """A GGUF file's architecture and layer count, from its header (``gguf_metadata``): an architecture outside
+    ``model_types`` is a ``ConfigError`` naming the file and saying what minimodel reads (``refuse``), before
+    transformers decodes anything (seconds for a real vocabulary, tens of seconds for a large one)."""
+    if header.arch not in model_types:
+        raise ConfigError(f"{path}: a GGUF file of architecture {header.arch!r}: {refuse}")
+    layers = header.ints.get(header.arch + GGUF_LAYERS)
+    check_sizes({"num_hidden_layers": layers} if layers is not None else {}, f"{path} ({header.arch}{GGUF_LAYERS})")
+
+
+def hub_offline() -> bool:
+    """Whether the environment says there is no hub to ask: ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) set to
+    a true value now, or when huggingface_hub was imported."""
+    import huggingface_hub.constants as hub
+
+    now = any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_HUB_OFFLINE",
+                                                                                    "TRANSFORMERS_OFFLINE"))
+    return now or bool(hub.HF_HUB_OFFLINE)
+
+
+def check_hub(name: str, filename: str = CONFIG) -> None:
+    """A hub id (``name``), before transformers asks the hub for it (which, for a file it has not cached, retries for
+    half a minute without a network): in the local Hugging Face cache, or else, where the environment says offline
+    (``hub_offline``), a ``CheckpointError`` at once; otherwise one request of ``HUB_TIMEOUT`` seconds, without
+    retries, and a ``CheckpointError`` when the hub cannot be reached or does not know the id. ``filename``: the file
+    the id must have (``config.json`` for a model; a tokenizer's ``tokenizer_config.json``)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.errors import EntryNotFoundError
+
+    def refused(why: str) -> CheckpointError:
+        return CheckpointError(f"{name}: no such local directory, and not a model id the hub answers for here "
+                               f"({why}); check the path or id, or fetch the model again")
+
+    try:
+        if isinstance(try_to_load_from_cache(name, filename), str):
+            return
+        url = hf_hub_url(name, filename)
+    except Exception as e:  # not a valid repository id (huggingface_hub's validation)
+        raise refused(_first_line(e)) from None
+    if hub_offline():
+        raise refused("not in the local Hugging Face cache, and HF_HUB_OFFLINE is set, so the hub is not asked")
+    try:
+        get_hf_file_metadata(url, timeout=HUB_TIMEOUT)  # one request (huggingface_hub retries none of it)
+    except EntryNotFoundError:  # the id is there without this file: transformers' load says what it lacks
+        return
+    except Exception as e:  # no network, a timeout, an unknown or private id
+        raise refused(f"one attempt at the hub, {HUB_TIMEOUT:g} s at most: {_first_line(e, 200)}") from None
+
+
 def check_sizes(values: dict[str, Any], where: str) -> None:
     """The size fields of a raw config (``SIZE_FIELDS``): integers in range, layers at most ``MAX_LAYERS``; a
     ``ConfigError`` naming ``where`` and the field."""
@@ -133,26 +201,40 @@ def _config_json(path: Path, model: bool = True) -> dict[str, Any]:
     return values
 
 
+def gguf_checked(path: Path) -> GGUFHeader:
+    """``gguf_metadata`` of a GGUF source, a damaged header a ``CheckpointError`` saying the file is not readable."""
+    try:
+        return gguf_metadata(path)
+    except CheckpointError as e:
+        why = str(e).removeprefix(f"{path}: ")
+        raise CheckpointError(f"{path}: not a readable GGUF file: {why}") from None
+
+
+def _reads(model_types: tuple[str, ...], family: str) -> str:
+    return f"minimodel reads model_type in {list(model_types)} for model.family={family}"
+
+
+def local_source(src: Source, runs_dir: str | Path, model_types: tuple[str, ...], family: str) -> Source:
+    """``src`` as a family's ``from_hf`` reads it: a GGUF file, given the experiment's ``runs_dir``, its architecture
+    checked from the header (``model_types``) and then its converted copy (``gguf_copy``); anything else as it is."""
+    if src.gguf is None or not runs_dir:
+        return src
+    header = gguf_checked(src.gguf)
+    check_architecture(src.gguf, header, model_types, _reads(model_types, family))
+    return gguf_copy(src, header, runs_dir)
+
+
 def read_config(src: Source, model_types: tuple[str, ...], family: str) -> Any:
     """The transformers config of ``src``, its sizes and ``model_type`` checked before transformers builds it (the
     raw ``config.json``, or the GGUF header): a file that cannot be read as a model's is a ``CheckpointError``, a
     field transformers or minimodel refuses a ``ConfigError``, each naming the file."""
     tf = transformers()
-    refuse = f"minimodel reads model_type in {list(model_types)} for model.family={family}"
     if src.gguf is not None:
-        try:
-            header = gguf_metadata(src.gguf)
-        except CheckpointError as e:
-            why = str(e).removeprefix(f"{src.gguf}: ")
-            raise CheckpointError(f"{src.gguf}: not a readable GGUF file: {why}") from None
-        if header.arch not in model_types:
-            raise ConfigError(f"{src.gguf}: a GGUF file of architecture {header.arch!r}: {refuse}")
-        layers = header.ints.get(header.arch + GGUF_LAYERS)
-        check_sizes({"num_hidden_layers": layers} if layers is not None else {}, f"{src.gguf} ({header.arch}"
-                                                                                 f"{GGUF_LAYERS})")
+        check_architecture(src.gguf, gguf_checked(src.gguf), model_types, _reads(model_types, family))
     else:
         path = Path(src.where) / CONFIG
         if not src.local:
+            check_hub(src.where)  # offline: at once; otherwise one short attempt, not half a minute of retries
             try:
                 from transformers.utils import cached_file
 
@@ -168,7 +250,8 @@ def read_config(src: Source, model_types: tuple[str, ...], family: str) -> Any:
                                   f"model directory as save_pretrained writes it, or a GGUF file")
         values = _config_json(path)
         if values["model_type"] not in model_types:
-            raise ConfigError(f"{path}: unsupported model_type={values['model_type']!r} ({refuse})")
+            raise ConfigError(f"{path}: unsupported model_type={values['model_type']!r} "
+                              f"({_reads(model_types, family)})")
         check_sizes(values, str(path))
     try:
         return tf.AutoConfig.from_pretrained(src.where, **src.options)
@@ -400,19 +483,29 @@ def convert(src: Source, what: Callable[[], Any]) -> Any:
         raise CheckpointError(f"{src.name}: {_first_line(e)}") from None
 
 
-def load_tokenizer(ref: str) -> tuple[Any, Source]:
+def load_tokenizer(ref: str, runs_dir: str | Path = "") -> tuple[Any, Source]:
     """transformers' tokenizer of an outside model (a directory, a hub id, a GGUF file, which carries its tokenizer),
-    and its ``Source``; a GGUF file's converted once per process (``gguf_tokenizer``). Failures: ``TokenizerError``
-    by the caller (``data/tokenizer.py``), which knows what it expected."""
+    and its ``Source``. A GGUF file's architecture is checked from its header first; given ``runs_dir``, its tokenizer
+    is read from the file's converted copy (``gguf_copy``, made here if need be), else converted once per process
+    (``gguf_tokenizer``). Failures: ``TokenizerError`` by the caller (``data/tokenizer.py``), which knows what it
+    expected."""
     from transformers import AutoTokenizer
 
     src = source(ref)
     if src.gguf is not None:
-        gguf_metadata(src.gguf)  # a damaged or crafted header: named here, before transformers decodes it
+        header = gguf_metadata(src.gguf)  # a damaged or crafted header: named here, before transformers decodes it
+        check_architecture(src.gguf, header, GGUF_ARCHITECTURES,
+                           f"minimodel reads GGUF files of the architectures {list(GGUF_ARCHITECTURES)}")
+        if runs_dir:
+            copy = gguf_copy(src, header, runs_dir)
+            if copy.gguf is None and _marker(Path(copy.where)).get("tokenizer"):
+                return AutoTokenizer.from_pretrained(copy.where), src
         return gguf_tokenizer(AutoTokenizer, src.where, src.options), src
     config = Path(src.where) / CONFIG
     if config.is_file():  # AutoTokenizer may build the model's config from it (a tokenizer_config.json without a class)
         check_sizes(_config_json(config, model=False), str(config))
+    elif not src.local:
+        check_hub(src.where, "tokenizer_config.json")
     return AutoTokenizer.from_pretrained(src.where), src
 
 
@@ -430,3 +523,108 @@ def gguf_tokenizer(auto: Any, where: str, options: dict[str, Any]) -> Any:
         quiet_gguf()  # --no-progress: not the conversion's bar either
         _GGUF_TOKENIZERS[key] = auto.from_pretrained(where, **options)
     return _GGUF_TOKENIZERS[key]
+
+
+# ------------------------------------------------------------------------------------------ a GGUF file, converted once
+
+
+def _marker(copy: Path) -> dict[str, Any]:
+    """The marker of a converted copy ({} where it has none or it cannot be read)."""
+    try:
+        marker = json.loads((copy / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return marker if isinstance(marker, dict) else {}
+
+
+def copy_current(copy: Path, made_from: dict[str, Any]) -> bool:
+    """Whether ``copy`` is a finished conversion of the file ``made_from`` describes (its sha256) by this transformers
+    version, every file its marker lists there at the size it was written (a copy cut short, emptied or edited is
+    converted again, never read)."""
+    marker = _marker(copy)
+    files = marker.get("files")
+    if not isinstance(files, dict) or CONFIG not in files or any(
+            marker.get(k) != made_from[k] for k in ("sha256", "transformers")):
+        return False
+    try:
+        return all(isinstance(n, int) and (copy / name).stat().st_size == n for name, n in files.items())
+    except (OSError, ValueError):
+        return False
+
+
+def gguf_copy(src: Source, header: GGUFHeader, runs_dir: str | Path) -> Source:
+    """The GGUF source ``src`` (its header checked: ``check_architecture``) as a Hugging Face directory converted
+    once: ``{runs_dir}/.sources/<file stem>-<sha256[:16]>/``, keyed by the file's content (its digest cached by path,
+    size and mtime in ``{runs_dir}/.file-digests.json``: hashed once). A copy that is there and current
+    (``copy_current``) is read as it is; otherwise the file is converted (``_convert``), written whole or not at all,
+    and an earlier copy of the same file (another content) is removed. The log says which. The ``Source`` returned
+    keeps ``src.name``: messages and the experiment's provenance name the GGUF file, not the copy. Where the copy
+    cannot be written (a full disk, a read-only runs directory), a warning says so and ``src`` itself is returned."""
+    from minimodel.store.provenance import file_digest
+
+    tf = transformers()
+    gguf = Path(src.where, src.options["gguf_file"]).resolve()
+    st = gguf.stat()
+    made_from = {"source": str(gguf), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                 "sha256": file_digest(gguf, runs_dir), "transformers": tf.__version__}
+    copy = Path(runs_dir) / SOURCES / f"{gguf.stem}-{made_from['sha256'][:16]}"
+    if copy_current(copy, made_from):
+        log.info(f"{src.name}: from the converted copy {copy}")
+    else:
+        try:
+            _convert(src, header, copy, made_from)
+        except WriteError as e:  # a full disk, a read-only runs directory: the file itself is read, as without one
+            log.warning(f"{src.name}: its converted copy cannot be written ({e}); read from the GGUF file itself")
+            return src
+        log.info(f"{src.name}: converted once to {copy}")
+        for old in copy.parent.glob(f"{gguf.stem}-*"):  # the copy of this file as it was before
+            if old != copy and _marker(old).get("source") == str(gguf):
+                shutil.rmtree(old, ignore_errors=True)
+    out = Source(src.name, str(copy))
+    out.config_file = str(copy / CONFIG)
+    return out
+
+
+def _convert(src: Source, header: GGUFHeader, copy: Path, made_from: dict[str, Any]) -> None:
+    """Write ``copy``: the GGUF file's model, dequantised to float32 (transformers' load, through ``read_config`` and
+    ``load_weights``: their checks and errors), as ``config.json`` and ``model.safetensors``, and its tokenizer where
+    the file carries one (``save_pretrained``), with the marker (``MARKER``) last; in a temporary directory renamed
+    into place, so that a conversion stopped halfway leaves no copy. Refused before anything is decoded when its
+    float32 tensors would not fit the memory available."""
+    import torch
+    from safetensors.torch import save_model
+
+    from minimodel.store import atomic
+
+    need, have = LOAD_COPIES * FLOAT32 * header.elements, available_memory()
+    if need > have:
+        raise ConfigError(f"{src.gguf}: {header.elements:,} weights: converting them to float32 takes about "
+                          f"{need / 1e9:,.1f} GB ({LOAD_COPIES} copies) and {have / 1e9:,.1f} GB of memory is "
+                          f"available: use a smaller model or a machine with more memory")
+    tf = transformers()
+    log.info(f"{src.name}: {gguf_summary(src.where, src.options['gguf_file'])}; dequantised to float32 once")
+    hf_config = read_config(src, GGUF_ARCHITECTURES, "decoder")
+    model, info = load_weights(tf.AutoModelForCausalLM, src, hf_config, build=tf.AutoModelForCausalLM.from_config,
+                               dtype=torch.float32)
+    missing_weights(info, src, {"lm_head.weight"} if getattr(hf_config, "tie_word_embeddings", False) else set(),
+                    "*ForCausalLM")
+    tokenizer = None
+    if GGUF_TOKENIZER in header.keys:
+        try:
+            tokenizer = gguf_tokenizer(tf.AutoTokenizer, src.where, src.options)
+        except Exception as e:  # converted without it: a load of the tokenizer reads the GGUF file and says why
+            log.warning(f"{src.name}: its tokenizer is not converted ({_first_line(e)})")
+    vars(model.config).pop("quantization_config", None)  # transformers' mark of a GGUF load: the copy is float32
+    try:
+        with atomic.replacing_dir(copy, replace=True) as tmp:
+            # tensors and config as save_pretrained writes them (it refuses a model loaded from a GGUF file); a tied
+            # output projection is stored once, as transformers stores it
+            model.config.save_pretrained(tmp)
+            save_model(model, str(tmp / SAFE_WEIGHTS[0]), metadata={"format": "pt"})
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+            atomic.write_json(tmp / MARKER, {**made_from, "tokenizer": tokenizer is not None, "files": files})
+    except WriteError:  # another process (a rank of the same run) converted it meanwhile
+        if not copy_current(copy, made_from):
+            raise

@@ -72,7 +72,8 @@ def adaptation_body(cfg: ExperimentConfig, plan: StagePlan) -> tuple[RobertaMLM,
         from minimodel.models.families import sequence_lengths
         from minimodel.stages.bridge import load_primary
 
-        model, trained_with = load_primary(r.primary, cfg.model.family, sequence_lengths(cfg, tasks=False))
+        model, trained_with = load_primary(r.primary, cfg.model.family, sequence_lengths(cfg, tasks=False),
+                                           runs_dir=cfg.runs_dir)
         meta = TrainingMeta(stage="external", system=cfg.system, lang=cfg.source_lang,
                             model_config=asdict(model.cfg), tokenizer=trained_with)
         return BODIES[kind](model, plan), r.primary, meta

@@ -35,20 +35,20 @@ log = get_logger(__name__)
 
 
 def load_primary(source: str, family: str = DEFAULT_FAMILY, lengths: dict[str, int] | None = None,
-                 stage: str = "") -> tuple[RobertaMLM, dict]:
+                 stage: str = "", runs_dir: str = "") -> tuple[RobertaMLM, dict]:
     """A training checkpoint file (without its secondary heads) and the tokenizer record stored with it, or a
     Hugging Face model directory / hub id of the model family ``family`` (``model.family``; read by that family's
     ``from_hf``), whose tokenizer is its own: an empty record. ``lengths`` (``families.sequence_lengths``): the
     sequences an outside model will run, checked against its own positions and window before it is loaded.
     ``stage``: the stage (pretrain) of this experiment whose finished run wrote ``source`` (its final checkpoint: a
     damaged one is rebuilt by rerunning it); "" for ``bridge.source``, a file of the user's, which no message ever says
-    to delete."""
+    to delete. ``runs_dir`` (the experiment's): a GGUF source is read from its copy converted once there."""
     path = Path(source)
     if stage:
         model, meta = load_final_model(path, stage)
         return primary_only(model), meta.tokenizer
     if is_hf_source(source):  # a directory, a hub id, or a GGUF file; in training mode, as a checkpoint loads
-        return hf_module(family).from_hf(source, lengths=lengths).train(), {}
+        return hf_module(family).from_hf(source, lengths=lengths, runs_dir=runs_dir).train(), {}
     if path.is_file():
         try:
             model, meta = load_trained_model(path)
@@ -117,7 +117,7 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
                 raise CheckpointError(f"the bridge needs a finished primary model: {run} is not complete "
                                       f"(pretrain it first, or set bridge.source)")
         primary, trained_with = load_primary(r.primary, cfg.model.family, sequence_lengths(cfg, tasks=False),
-                                             stage="pretrain" if plan.reads else "")
+                                             stage="pretrain" if plan.reads else "", runs_dir=cfg.runs_dir)
         return primary, load_source_tokenizer(cfg, primary, f"bridge.source={r.primary}", trained_with)
 
     def build(inputs: tuple[RobertaMLM, AnyTokenizer]) -> Training:

@@ -171,7 +171,8 @@ def finetune_body(cfg: ExperimentConfig, plan: StagePlan) -> tuple[RobertaMLM, s
         from minimodel.models.families import sequence_lengths
         from minimodel.stages.bridge import load_primary
 
-        model, trained_with = load_primary(r.primary, cfg.model.family, sequence_lengths(cfg))
+        model, trained_with = load_primary(r.primary, cfg.model.family, sequence_lengths(cfg),
+                                           runs_dir=cfg.runs_dir)
         return model, r.primary, trained_with
     path = Path(r.primary)
     if not path.exists() and not any(is_done(run) for run in plan.reads):  # a finished run's: rebuilt (below)

@@ -38,7 +38,7 @@ def layer_rows(cfg: ExperimentConfig) -> tuple[list[dict], dict]:
     plan = stage_plan(cfg, "bridge")
     source = plan.runs.primary
     primary, trained_with = load_primary(source, cfg.model.family, sequence_lengths(cfg, tasks=False),
-                                         stage="pretrain" if plan.reads else "")
+                                         stage="pretrain" if plan.reads else "", runs_dir=cfg.runs_dir)
     tok = load_source_tokenizer(cfg, primary, f"bridge.source={source}", trained_with)
     b = cfg.bridge
     data = mlm_datamodule(cfg, cfg.source_lang, b.optim, b.trainer.seed, tok)

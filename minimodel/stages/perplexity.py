@@ -84,7 +84,7 @@ class Perplexity:
                 from minimodel.stages.bridge import load_primary
 
                 self.model, _ = load_primary(self.r.primary, self.cfg.model.family,
-                                             sequence_lengths(self.cfg, tasks=False))
+                                             sequence_lengths(self.cfg, tasks=False), runs_dir=self.cfg.runs_dir)
             plug_embeddings(self.model, adapted, tok.sha256, tok.vocab_size)
             self.model.to(self.device)
             self.done[path] = held_out_loss(self.model, self.cfg, lang, tok, self.device, self.cfg.finetune.eval_batch)
