@@ -18,6 +18,9 @@ DEMO_CORPUS = ROOT / "data" / "demo" / "corpus"
 # the stages' thread choice (minimodel/cluster/threads.py) follows the machine's load when nothing sets it; the suite's
 # golden numerics must not, so its stages use what torch uses by default (tests/test_threads.py tests the choice)
 os.environ.setdefault("OMP_NUM_THREADS", str(__import__("torch").get_num_threads()))
+# precision auto (trainer.precision, evaluate.precision) on the CPU: full precision on every machine, not bf16 where this
+# CPU runs it faster (minimodel/training/cpu_bf16.py; tests/test_precision_auto.py tests the choice)
+os.environ.setdefault("MINIMODEL_CPU_BF16", "0")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 

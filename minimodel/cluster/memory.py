@@ -253,11 +253,22 @@ def stage_models(cfg: ExperimentConfig) -> list[StageModel]:
 # ------------------------------------------------------------------------------------------ the estimate
 
 
-def act_bytes(sm: StageModel) -> int:
-    if sm.precision not in ACT_BYTES:
+def act_bytes(sm: StageModel, device: str = "cuda") -> int:
+    """Bytes of a saved activation element in ``sm``'s precision; ``auto`` as it resolves on ``device``: on CUDA
+    bf16 or fp16 (2 bytes either way), on the CPU what ``resolve_precision`` chooses on this machine."""
+    precision = sm.precision
+    if precision == "auto":
+        if device == "cuda":
+            return 2
+        import torch
+
+        from minimodel.training.device import resolve_precision
+
+        precision = resolve_precision(torch.device(device)).precision
+    if precision not in ACT_BYTES:
         key = "finetune.trainer.precision" if sm.stage == "finetune" else f"{sm.stage}.trainer.precision"
-        raise ConfigError(f"{key}={sm.precision!r}: the memory plan knows {', '.join(ACT_BYTES)}")
-    return ACT_BYTES[sm.precision]
+        raise ConfigError(f"{key}={sm.precision!r}: the memory plan knows auto, {', '.join(ACT_BYTES)}")
+    return ACT_BYTES[precision]
 
 
 def mask_bytes(device: str, a: int) -> int:
@@ -343,7 +354,7 @@ def estimate(cfg: ExperimentConfig, sm: StageModel, micro_batch: int | None = No
     tests measure)."""
     m = cfg.model
     mb = sm.micro_batch if micro_batch is None else micro_batch
-    a = act_bytes(sm)
+    a = act_bytes(sm, device)
     tokens = mb * sm.seq_len
     rows = predicted_rows(cfg, mb, sm.seq_len) if sm.heads else 0
     act = tokens * (sm.train_layers * layer_activation_bytes(m, a, True, device)

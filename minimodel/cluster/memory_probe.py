@@ -43,6 +43,7 @@ from minimodel.models.surgery import (
     tie_biases,
 )
 from minimodel.systems import Body, stage_plan
+from minimodel.training.device import resolve_precision
 
 N_SPECIAL = 5  # <s> <pad> </s> <unk> <mask>: never drawn as a token
 
@@ -211,7 +212,10 @@ class Measured:
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """The stage's autocast: bf16 (16-mixed: fp16 on CUDA, bf16 on the CPU, as Lightning does), none in 32-true."""
+    """The stage's autocast: bf16 (16-mixed: fp16 on CUDA, bf16 on the CPU, as Lightning does), none in 32-true;
+    auto as the stage resolves it on ``device`` (``resolve_precision``)."""
+    if precision == "auto":
+        precision = resolve_precision(device).precision
     if precision == "32-true":
         return contextlib.nullcontext()
     dtype = torch.float16 if precision == "16-mixed" and device.type == "cuda" else torch.bfloat16
@@ -236,11 +240,12 @@ def measure_update(s: StageUnderTest, device: torch.device, mask_prob: float, gr
     model = s.model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt, _ = build_optimizer(params, OptimConfig(warmup_updates=10, updates=100))
-    scaler = torch.amp.GradScaler(device.type) if s.precision == "16-mixed" and device.type == "cuda" else None
+    precision = resolve_precision(device).precision if s.precision == "auto" else s.precision
+    scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" and device.type == "cuda" else None
 
     def update() -> None:
         for batch in batches:
-            with autocast(device, s.precision):
+            with autocast(device, precision):
                 loss = s.loss(batch)
             (scaler.scale(loss) if scaler else loss).backward()
             del loss

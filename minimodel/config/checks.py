@@ -108,8 +108,8 @@ class _Sizes:
             self.integer(f"{prefix}.ckpt_steps", step, what="a list of positive update counts")
         self.seed(f"{prefix}.seed", t.seed)
         self.number(f"{prefix}.max_minutes", t.max_minutes, zero=True)
-        if t.precision not in PRECISIONS:
-            self.fail(f"{prefix}.precision must be one of {', '.join(PRECISIONS)}, got {t.precision!r}")
+        if t.precision not in ("auto", *PRECISIONS):
+            self.fail(f"{prefix}.precision must be auto or one of {', '.join(PRECISIONS)}, got {t.precision!r}")
         if t.adamw not in ADAMW:
             self.fail(f"{prefix}.adamw must be one of {', '.join(ADAMW)}, got {t.adamw!r}")
         if isinstance(t.devices, int) and not isinstance(t.devices, bool) and (t.devices == 0 or t.devices < -1):

@@ -52,7 +52,8 @@ class OptimConfig:
 
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
-"""``trainer.precision`` values a stage accepts (Lightning's names)."""
+"""The precisions a stage runs in (Lightning's names); ``trainer.precision`` and ``evaluate.precision`` also accept
+``auto``, resolved on the device in use (``training.device.resolve_precision``)."""
 
 ADAMW = ("auto", "fused", "foreach")
 """``trainer.adamw``: auto = fused when every trainable parameter is on CUDA, foreach otherwise."""
@@ -64,7 +65,10 @@ class TrainerConfig:
     devices: Any = "auto"
     num_nodes: int = 1
     strategy: str = "auto"
-    precision: str = "bf16-mixed"  # 32-true | bf16-mixed (A100/H100) | 16-mixed (V100: fp16 with loss scaling)
+    # 32-true | bf16-mixed (A100/H100) | 16-mixed (V100: fp16 with loss scaling) | auto (chosen where the stage runs:
+    # bf16-mixed on a card with native bf16, 16-mixed on older ones; on a CPU bf16-mixed only where it is faster there,
+    # with AMX or by a measured matmul check kept per machine, 32-true otherwise; the log says which and why)
+    precision: str = "bf16-mixed"
     compile: bool = False  # torch.compile the transformer layers (every training stage)
     adamw: str = "auto"  # auto (fused on CUDA, foreach otherwise) | fused | foreach
     ckpt_every: int = 5000  # updates between checkpoints
@@ -230,9 +234,10 @@ class EvaluateConfig:
     # which checkpoints the dev sets score: all, or plateau (only the two the report's checks read: the last, and the
     # last at or before 1 - report.plateau_share of it; a fraction of the cost of all)
     dev_checkpoints: str = "all"
-    # the autocast of step 4's forward passes (and of step 3's English scores): auto (bf16 on a CUDA card that has it natively, fp16 on older ones,
-    # full precision on the CPU) | 32-true | bf16-mixed (also on a CPU: with AMX or AVX-512 bf16 it is about 2.5x
-    # faster than fp32 for a 135M model) | 16-mixed (fp16 on CUDA, bf16 on the CPU, as Lightning does)
+    # the autocast of step 4's forward passes (and of step 3's English scores): auto (bf16 on a CUDA card that has it
+    # natively, fp16 on older ones; on a CPU bf16 only where it is faster there, with AMX or by a measured matmul check,
+    # full precision otherwise: trainer.precision's rule) | 32-true | bf16-mixed (also on a CPU: with AMX it is about
+    # 2.5x faster than fp32 for a 135M model) | 16-mixed (fp16 on CUDA, bf16 on the CPU, as Lightning does)
     precision: str = "auto"
 
 

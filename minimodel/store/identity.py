@@ -14,9 +14,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from minimodel.config.load import value_problem
-from minimodel.config.schema import ExperimentConfig, TaskConfig
+from minimodel.config.schema import PRECISIONS, ExperimentConfig, TaskConfig
 from minimodel.errors import ConfigError
-from minimodel.store.layout import CONFIG
+from minimodel.store.layout import CONFIG, PRECISION, read_precision
 
 _DATA_READ = ("data.prepared_dir", "data.vocab_size", "data.source_tokenizer")  # tokenizers and shards a stage reads
 _MLM_DATA = (*_DATA_READ, "data.seq_len", "data.mask_prob", "data.val_blocks")
@@ -70,6 +70,8 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 def _same(key: str, old: Any, new: Any) -> bool:
     if old == new:
         return True
+    if key.endswith(".trainer.precision") and new == "auto" and old in PRECISIONS:
+        return True  # auto leaves the precision to the machine: a run made in any one of them is its result
     if any(fnmatchcase(key, p) for p in _PATHS) and isinstance(old, str) and isinstance(new, str) and old and new:
         return Path(old).expanduser().resolve() == Path(new).expanduser().resolve()
     return False
@@ -100,7 +102,9 @@ def stage_changes(saved: dict, current: dict, stage: str) -> list[tuple[str, Any
 
     A key the saved file lacks (written by an older version) counts as its default; a key the schema no longer
     has is ignored; paths that resolve to the same place are the same, and so are a readout's default and its value
-    spelled out (``_readout_spelled``; the values listed are those written)."""
+    spelled out (``_readout_spelled``; the values listed are those written); a current ``trainer.precision=auto``
+    is the same as any precision a run was made in (pass ``saved`` through ``as_started`` for a run that was auto
+    too)."""
     identity = stage_identity(stage)
     defaults = _flatten(OmegaConf.to_container(OmegaConf.structured(ExperimentConfig)))
     old, new = _flatten(saved), _flatten(current)
@@ -113,6 +117,33 @@ def stage_changes(saved: dict, current: dict, stage: str) -> list[tuple[str, Any
         if not _same(key, before, new_as[key]):
             changes.append((key, old.get(key, defaults.get(key, _NOT_SET)), new[key]))
     return changes
+
+
+def as_started(saved: dict, run_dir: Path, stage: str) -> dict:
+    """``saved`` (a stage run's ``config.yaml`` as a plain dict) with ``trainer.precision=auto`` replaced by the
+    precision it chose when the run started (``precision.json``), where recorded: a finished or stopped run is
+    compared by the precision it ran in."""
+    kind = stage.partition("/")[0]
+    trainer = saved.get(kind, {}).get("trainer") if isinstance(saved.get(kind), dict) else None
+    if not isinstance(trainer, dict) or trainer.get("precision") != "auto":
+        return saved
+    started = read_precision(run_dir)
+    if started is None:
+        return saved
+    return {**saved, kind: {**saved[kind], "trainer": {**trainer, "precision": started}}}
+
+
+def started_precision(run_dir: Path, stage: str) -> tuple[str, Path] | None:
+    """The precision the stage run in ``run_dir`` started in and the file that says so: the one its ``config.yaml``
+    names, or where that says ``auto`` (or is missing) what auto chose (``precision.json``); None when neither
+    says (a resume needs it)."""
+    path, kind = run_dir / CONFIG, stage.partition("/")[0]
+    saved = OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else None
+    value = _flatten(saved).get(f"{kind}.trainer.precision") if isinstance(saved, dict) else None
+    if value in PRECISIONS:
+        return value, path
+    recorded = read_precision(run_dir)
+    return (recorded, run_dir / PRECISION) if recorded is not None else None
 
 
 def check_finished(cfg: ExperimentConfig, stage: str, run_dir: Path, finished: bool = True) -> None:
@@ -134,6 +165,7 @@ def check_finished(cfg: ExperimentConfig, stage: str, run_dir: Path, finished: b
     if not isinstance(saved, dict):
         raise ConfigError(f"{path}: expected a mapping (the settings the finished run {run_dir} ran with): "
                           f"restore it, or delete {run_dir} to train the stage again")
+    saved = as_started(saved, run_dir, stage)
     changes = stage_changes(saved, OmegaConf.to_container(OmegaConf.structured(cfg)), stage)  # type: ignore[arg-type]
     if not changes:
         return

@@ -17,6 +17,7 @@
         {label}@{head}/                         a MiniJoint model with several heads: step 2 over one head
             adapt/{lang}/ finetune_mini/ results.jsonl   (its pretraining and finetuned primary models are {label}'s)
     stage run: config.yaml, metrics.csv, done.json, checkpoints/{last,step{N:07d}}.ckpt, wandb/
+               (+ precision.json where trainer.precision is auto: what it became)
 
     {prepared_dir}/{lang}/spm.model, shards/    `minimodel prepare` (SentencePiece)
     {prepared_dir}/{lang}/hf-{name}/shards/     the source language encoded with a Hugging Face tokenizer
@@ -49,6 +50,7 @@ FINETUNED = "model.pt"
 ADAPT_INFO = "adapt_info.json"
 BRIDGE_INFO = "bridge_info.json"  # how step 1b built its mini-model and its loss before any update
 RESULTS = "results.jsonl"
+PRECISION = "precision.json"  # trainer.precision=auto: the precision the run started in, and why
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,27 @@ def _redo_done(run_dir: Path) -> str:
 
 def write_done(run_dir: Path, info: dict) -> None:
     _write_json(run_dir / DONE, info)
+
+
+def read_precision(run_dir: Path) -> str | None:
+    """The precision a stage run configured with ``trainer.precision=auto`` started in (``precision.json``), or None
+    where it has no such record. A file that is not such a record raises a ``UserError`` naming it."""
+    path = run_dir / PRECISION
+    if not path.is_file():
+        return None
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}); it records the precision trainer.precision=auto chose when "
+                        f"{run_dir} started: restore it, or delete {run_dir} to start the stage again") from e
+    if not isinstance(info, dict) or not isinstance(info.get("precision"), str):
+        raise UserError(f"{path} holds no \"precision\" string (the precision trainer.precision=auto chose when "
+                        f"{run_dir} started): restore it, or delete {run_dir} to start the stage again")
+    return info["precision"]
+
+
+def write_precision(run_dir: Path, configured: str, precision: str, why: str) -> None:
+    _write_json(run_dir / PRECISION, {"configured": configured, "precision": precision, "why": why})
 
 
 def _write_json(path: Path, info: dict) -> None:

@@ -343,7 +343,7 @@ def check_producer(cfg: Any, run_dir: Path, consumer: str) -> None:
     """The finished run ``run_dir`` ran with the settings this configuration expects of it (its stage's identity
     keys, from its ``config.yaml``); a ``ConfigError`` naming the keys otherwise. ``consumer`` says who reads it."""
     from minimodel.errors import ConfigError
-    from minimodel.store.identity import _PATHS, stage_changes
+    from minimodel.store.identity import _PATHS, as_started, stage_changes
 
     done = read_done(run_dir)
     path = run_dir / CONFIG
@@ -355,6 +355,7 @@ def check_producer(cfg: Any, run_dir: Path, consumer: str) -> None:
         raise ConfigError(f"{path}: not valid YAML ({e}); it records the settings {run_dir} ran with") from e
     if not isinstance(saved, dict):
         raise ConfigError(f"{path}: expected a mapping (the settings {run_dir} ran with)")
+    saved = as_started(saved, run_dir, done["stage"])
     changes = stage_changes(saved, OmegaConf.to_container(OmegaConf.structured(cfg)), done["stage"])  # type: ignore[arg-type]
     # where data is read from may differ (a copied prepared dir, a moved source): what was read is checked by
     # content where it is loaded (tokenizer sha256, train file sha256), not by its path

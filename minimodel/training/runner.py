@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
@@ -28,16 +28,18 @@ from minimodel.flops import FlopSchedule
 from minimodel.log import bar_wanted, get_logger, process_rank, quiet_lightning
 from minimodel.store import atomic
 from minimodel.store.checkpoints import CheckpointError, load_checkpoint
-from minimodel.store.identity import check_finished
+from minimodel.store.identity import check_finished, started_precision
 from minimodel.store.layout import (
     CONFIG,
     DONE,
+    PRECISION,
     Layout,
     checkpoints,
     is_done,
     last_checkpoint,
     read_done,
     write_done,
+    write_precision,
 )
 from minimodel.store.locks import exclusive
 from minimodel.store.provenance import (
@@ -52,7 +54,14 @@ from minimodel.store.provenance import (
 )
 from minimodel.training.callbacks import ScheduledCheckpoints, StageBar, StageLines, StageProgress
 from minimodel.training.checkpoint_io import AtomicCheckpointIO
-from minimodel.training.device import check_precision, compile_layers
+from minimodel.training.device import (
+    PrecisionChoice,
+    PrecisionError,
+    check_precision,
+    compile_layers,
+    resolve_precision,
+    stage_device,
+)
 from minimodel.training.loggers import drop_stop_rows, make_loggers, truncate_metrics
 from minimodel.training.optim import accumulation
 
@@ -272,18 +281,22 @@ class Runner(Generic[T]):
             if not isinstance(producer, Outside):
                 check_producer(self.cfg, producer, f"stage {stage.name}")
         kind = stage.name.partition("/")[0]  # pretrain, bridge, adapt, finetune: the section of its settings
-        planned = getattr(self.cfg, kind).trainer
-        check_precision(planned.precision, planned.accelerator, f"{kind}.trainer.precision")  # before anything is written
+        planned, key = getattr(self.cfg, kind).trainer, f"{kind}.trainer.precision"
+        chosen = self._precision(planned, key, resume)
+        check_precision(chosen.precision, planned.accelerator, key)  # before anything is written
         quiet_lightning()
         inputs = self.prepare()
         if process_rank() == 0:  # the other ranks of a distributed run write nothing but their share of checkpoints
             run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(self.cfg, run_dir / CONFIG)
+            save_config(self.cfg, run_dir / CONFIG)  # trainer.precision as configured (auto stays auto) ...
             if resume is None:  # a fresh run: what it is built on, as it is now
                 record_inputs(run_dir, stage.inputs)
+                if planned.precision == "auto":  # ... and what auto chose, kept for a resume on another machine
+                    write_precision(run_dir, planned.precision, chosen.precision, chosen.why)
             clear_leftovers(run_dir, resume[1] if resume else 0)
         L.seed_everything(stage.seed, workers=True, verbose=False)
         training = self.build(inputs)
+        training.trainer = replace(training.trainer, precision=chosen.precision)
         t = training.trainer
         if t.compile:
             log.info(f"{stage.name}: compiling {compile_layers(training.module)} transformer layers (trainer.compile)")
@@ -311,6 +324,27 @@ class Runner(Generic[T]):
         done = self._write_done(trainer, training, flops, resume) if trainer.is_global_zero else {}
         return StageResult(run_dir, Outcome.FINISHED, step, done=done)
 
+    def _precision(self, planned: TrainerConfig, key: str, resume: tuple[Path, int] | None) -> PrecisionChoice:
+        """The precision the stage runs in: as configured; ``auto`` resolved on the stage's device
+        (``resolve_precision``), said in the log; a resumed run in the precision it started in (an exact resume),
+        which ``auto`` never changes."""
+        if planned.precision != "auto":
+            return PrecisionChoice(planned.precision, "as configured")
+        run_dir = self.stage.run_dir
+        if resume is not None:
+            started = started_precision(run_dir, self.stage.name)
+            if started is None:
+                raise PrecisionError(
+                    f"{key}=auto: {run_dir} resumes from {resume[0]}, but {run_dir / PRECISION}, the precision it "
+                    f"started in, is missing: an exact resume needs the same one. Restore the file, or delete "
+                    f"{run_dir} to start the stage again")
+            chosen = PrecisionChoice(started[0], f"the precision this run started in ({started[1]}), kept for an "
+                                                 f"exact resume")
+        else:
+            chosen = resolve_precision(stage_device(planned.accelerator))
+        log.info(chosen.line(key))
+        return chosen
+
     def _write_done(self, trainer: L.Trainer, training: Training, flops: FlopSchedule | None,
                     resume: tuple[Path, int] | None) -> dict:
         """The finished run's ``done.json`` (rank 0), with the size of its final checkpoint."""
@@ -325,6 +359,7 @@ class Runner(Generic[T]):
                 "inputs": recorded_inputs(run_dir),
                 "identity": identity(settings_of(self.cfg, stage.name), recorded_inputs(run_dir),
                                      weights_digest(training.module.state_dict())),
+                "precision": training.trainer.precision,  # what it ran in (trainer.precision=auto resolved)
                 "skipped_updates": getattr(getattr(training.module, "guard", None), "skipped", 0),
                 "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         if training.finish is not None:
