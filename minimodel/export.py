@@ -156,7 +156,6 @@ def export(cfg: ExperimentConfig, out: Path, step: int | None = None, embeddings
     temporary directory beside ``out``, which becomes ``out`` when the export is complete: a full disk, a read-only
     file system or Ctrl-C leaves no partial export (and ``--force`` the earlier one)."""
     from minimodel.models.families import causal
-    from minimodel.systems import primary_is_outside
 
     if embeddings_only and embeddings_from:
         raise ConfigError("--embeddings-only with --embeddings: the artifact is already an embeddings export")
@@ -164,7 +163,7 @@ def export(cfg: ExperimentConfig, out: Path, step: int | None = None, embeddings
         raise ConfigError(f"export task={cfg.task} needs seed=N, the finetuning run to export (finetune.seeds: "
                           f"{cfg.finetune.seeds})")
     replace = _check_out(out, force)
-    if not embeddings_only and not primary_is_outside(cfg):  # an outside primary is checked as it is read
+    if not embeddings_only and not stage_plan(cfg, "adapt").external_primary:  # an outside primary is checked as it is read
         check_exportable(cfg.model)
     emb = load_artifact(embeddings_from, causal(cfg.model)) if embeddings_from else adapted_embeddings(cfg, step)
     with atomic.replacing_dir(out, replace=replace) as d:

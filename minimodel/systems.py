@@ -191,12 +191,6 @@ def _external_primary(cfg: ExperimentConfig) -> bool:
     return bool(cfg.bridge.source) and (s.bridge or any(x.primary_from == s.name for x in REGISTRY.values()))
 
 
-def primary_is_outside(cfg: ExperimentConfig) -> bool:
-    """Whether the primary model of ``cfg``'s system is an outside model or file (``bridge.source``), whose own
-    config (not ``cfg.model``) describes it."""
-    return _external_primary(cfg)
-
-
 def _source_tokenizer(cfg: ExperimentConfig) -> str:
     """The source language's Hugging Face tokenizer, "" for the SentencePiece model `prepare` trains."""
     if cfg.data.source_tokenizer:

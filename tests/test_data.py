@@ -197,7 +197,7 @@ def test_a_workers_dataset_pickles_small(prepared):
 def test_a_gguf_tokenizer_is_converted_once_per_process_and_again_when_its_file_changes(tmp_path, monkeypatch):
     """``HFTokenizer`` over a GGUF file keeps transformers' conversion (seconds for a real vocabulary) for the
     process, keyed by the file's path, size and modification time."""
-    import minimodel.models.outside as tokenizer  # the one door for outside models keeps the conversions
+    import minimodel.models.gguf_copy as tokenizer  # a GGUF source's conversions are kept there
 
     calls: list[tuple[str, dict]] = []
 

@@ -21,7 +21,7 @@ import torch
 
 from minimodel.data.tokenizer import HFTokenizer, TokenizerError
 from minimodel.errors import CheckpointError, ConfigError
-from minimodel.models import hf_decoder, outside
+from minimodel.models import gguf_copy, hf_decoder, hub, outside
 from minimodel.store import atomic
 from minimodel.store.provenance import Outside
 from tests.test_outside import TINY_TOKENS, write_gguf
@@ -61,7 +61,7 @@ def no_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(reader, "_mapped", refuse)
     gguf = pytest.importorskip("gguf")
     monkeypatch.setattr(gguf.GGUFReader, "__init__", refuse)
-    monkeypatch.setattr(outside, "_GGUF_TOKENIZERS", {})
+    monkeypatch.setattr(gguf_copy, "_GGUF_TOKENIZERS", {})
 
 
 def logits(model: torch.nn.Module) -> torch.Tensor:
@@ -71,7 +71,7 @@ def logits(model: torch.nn.Module) -> torch.Tensor:
 
 
 def copies(runs: Path) -> list[Path]:
-    return sorted(p for p in (runs / outside.SOURCES).iterdir() if not atomic.is_temp(p))
+    return sorted(p for p in (runs / gguf_copy.SOURCES).iterdir() if not atomic.is_temp(p))
 
 
 def test_a_gguf_source_is_converted_once_and_then_read_from_its_copy(tmp_path, monkeypatch, logged):
@@ -86,7 +86,7 @@ def test_a_gguf_source_is_converted_once_and_then_read_from_its_copy(tmp_path, m
     first = hf_decoder.from_hf(path, runs_dir=runs)
     [copy] = copies(runs)
     assert lines(logged, "converted once to") == [f"{path}: converted once to {copy}"]
-    marker = json.loads((copy / outside.MARKER).read_text())
+    marker = json.loads((copy / gguf_copy.MARKER).read_text())
     st = path.stat()
     assert marker["source"] == str(path.resolve()) and (marker["size"], marker["mtime_ns"]) == (st.st_size,
                                                                                                 st.st_mtime_ns)
@@ -154,7 +154,7 @@ def test_a_damaged_or_outdated_copy_is_converted_again_never_read(tmp_path, logg
     runs = tmp_path / "runs"
     expected = logits(hf_decoder.from_hf(path, runs_dir=runs))
     [copy] = copies(runs)
-    weights, marker = copy / "model.safetensors", copy / outside.MARKER
+    weights, marker = copy / "model.safetensors", copy / gguf_copy.MARKER
     if damage == "cut":
         weights.write_bytes(weights.read_bytes()[:100])
     elif damage == "no-marker":
@@ -229,7 +229,7 @@ def test_an_unsupported_architecture_is_refused_from_the_header_before_any_decod
                                                  rf"reads GGUF files of the architectures \['gpt2', 'llama'"):
             HFTokenizer(str(path), causal=True, runs_dir=str(runs_dir))
     assert time.perf_counter() - start < 2.0
-    assert not (runs / outside.SOURCES).exists()
+    assert not (runs / gguf_copy.SOURCES).exists()
 
 
 def test_the_gguf_architectures_are_the_decoder_familys():
@@ -277,7 +277,7 @@ def test_a_hub_id_is_tried_once_briefly_otherwise(monkeypatch):
                                               r"model id the hub answers for here \(one attempt at the hub, 5 s at "
                                               r"most: Name or service not known\)"):
         hf_decoder.from_hf("no-such-owner/no-such-model-55")
-    assert calls == [outside.HUB_TIMEOUT]
+    assert calls == [hub.HUB_TIMEOUT]
 
 
 def test_a_hub_id_in_the_local_cache_is_read_offline(tmp_path, monkeypatch):
@@ -296,4 +296,4 @@ def test_a_hub_id_in_the_local_cache_is_read_offline(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     assert Path(snapshot, "config.json").is_file()
-    outside.check_hub("someone/tiny-gpt2")  # found: no refusal, nothing asked
+    hub.check_hub("someone/tiny-gpt2")  # found: no refusal, nothing asked

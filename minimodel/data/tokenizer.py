@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import sentencepiece as spm
 
 from minimodel.errors import UserError
-from minimodel.models import outside
+from minimodel.models import gguf_copy
 from minimodel.store import atomic
 
 # fairseq / RoBERTa order for the first four; <mask> right after them.
@@ -191,7 +191,7 @@ class HFTokenizer:
         is then its end-of-sequence token (what the model's ``pad_id`` must be), <unk> and <mask> (which nothing
         inserts into a causal LM's blocks) the end-of-sequence token too, and a missing <s> the end-of-sequence
         token (GPT-2's ``<|endoftext|>`` is both). ``runs_dir`` (the experiment's): a GGUF file's tokenizer is read
-        from the file's copy converted once there (``outside.gguf_copy``); ``path`` stays ``ref``."""
+        from the file's copy converted once there (``gguf_copy.gguf_copy``); ``path`` stays ``ref``."""
         self.path, self.causal, self.runs_dir = ref, causal, runs_dir
         # encoding runs on all cores; forked DataLoader workers never tokenize, so keep it on after a fork
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
@@ -201,7 +201,7 @@ class HFTokenizer:
             raise TokenizerError("data.source_tokenizer needs Hugging Face transformers: "
                                  "pip install 'minimodel[hf]'") from e
         try:  # through the one door for outside models; a GGUF file carries its tokenizer
-            self.hf, _ = outside.load_tokenizer(ref, runs_dir)
+            self.hf, _ = gguf_copy.load_tokenizer(ref, runs_dir)
         except Exception as e:  # OSError for a missing dir / unreachable hub, ValueError for a bad one
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             if Path(ref).is_dir():

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from minimodel.errors import CheckpointError, ConfigError
-from minimodel.models import outside
+from minimodel.models import gguf_copy, outside
 from minimodel.models.model import PRIMARY, ModelConfig, RobertaMLM
 
 SUPPORTED_MODEL_TYPES = ("roberta", "xlm-roberta")
@@ -176,7 +176,7 @@ def from_hf(path: str | Path, lengths: dict[str, int] | None = None, runs_dir: s
     ``runs_dir``: as the decoder family's ``from_hf`` takes it (a GGUF file is refused by its architecture here).
     """
     tf = outside.transformers()
-    src = outside.local_source(outside.source(path), runs_dir, SUPPORTED_MODEL_TYPES, "encoder")
+    src = gguf_copy.local_source(outside.source(path), runs_dir, SUPPORTED_MODEL_TYPES, "encoder")
     hf_config = outside.read_config(src, SUPPORTED_MODEL_TYPES, "encoder")
     cfg = outside.model_config(hf_config_to_model_config, hf_config, src)
     outside.check_memory(cfg, src)

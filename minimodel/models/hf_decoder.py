@@ -52,7 +52,7 @@ from torch import Tensor
 from minimodel.config.schema import PRIMARY, ModelConfig
 from minimodel.errors import CheckpointError, ConfigError
 from minimodel.log import get_logger
-from minimodel.models import outside
+from minimodel.models import gguf_copy, outside
 from minimodel.models.decoder import DecoderLM
 from minimodel.models.decoder_task import task_to_hf  # noqa: F401  (minimodel export task=T: the family's task export)
 from minimodel.models.gguf import gguf_summary
@@ -290,7 +290,7 @@ def from_hf(path: str | Path, lengths: dict[str, int] | None = None, runs_dir: s
     and sliding window. ``runs_dir`` (the experiment's): a GGUF file is read from its copy converted once there
     (``outside.gguf_copy``), not dequantised again on every load."""
     tf = outside.transformers()
-    src = outside.local_source(outside.source(path), runs_dir, MODEL_TYPES, "decoder")
+    src = gguf_copy.local_source(outside.source(path), runs_dir, MODEL_TYPES, "decoder")
     hf_config = outside.read_config(src, MODEL_TYPES, "decoder")
     cfg = outside.model_config(hf_config_to_model_config, hf_config, src)
     outside.check_memory(cfg, src)
