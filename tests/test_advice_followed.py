@@ -1,0 +1,101 @@
+"""Issue 54, part 5: the advice of docs/bad-input.md's messages followed literally, for rows no earlier test
+followed (tests/test_reliability_round5.py followed the others). Each test triggers the message as the row says,
+does what the advice says, and asserts that the command then works (or that the next step is the clear error the
+docs promise)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from minimodel.config.schema import TaskConfig
+from minimodel.data.tasks import TaskData
+from minimodel.errors import ConfigError, TaskDataError
+from tests.conftest import ROOT
+from tests.test_bad_data import ROWS, jsonl, local_task
+
+TINY_YAML = str(ROOT / "experiments" / "tiny.yaml")
+
+
+# ---------------------------------------------------------------------------------------------- 1: task files
+
+
+def test_a_missing_test_file_advice_followed(tmp_path):
+    """"add the file, or leave fr out of tasks.sentiment.langs": either, done, the task's languages all read."""
+    jsonl(tmp_path / "train.jsonl", ROWS)
+    jsonl(tmp_path / "test.de.jsonl", ROWS)
+    with pytest.raises(TaskDataError) as e:
+        task = local_task(tmp_path, langs=["de", "fr"])
+        for lang in task.languages(["de", "fr"]):
+            task.records("test", lang)
+    said = re.search(r"\(add the file, or leave (\w+) out of tasks\.sentiment\.langs\)", str(e.value))
+    assert said is not None and said[1] == "fr", str(e.value)
+    # advice 2: fr left out of tasks.sentiment.langs
+    task = local_task(tmp_path, langs=["de"])
+    assert [len(task.records("test", lang)) for lang in task.languages(["de", "fr"])] == [2]
+    # advice 1: the file added, in the first layout the message names (test.fr.{jsonl,...})
+    assert "expected test.fr.{jsonl," in str(e.value)
+    jsonl(tmp_path / "test.fr.jsonl", ROWS[::-1])
+    task = local_task(tmp_path, langs=["de", "fr"])
+    assert {lang: [r["label"] for r in task.records("test", lang)] for lang in task.languages(["de", "fr"])} == {
+        "de": [1, 0], "fr": [0, 1]}  # label indices of ('neg', 'pos')
+
+
+def test_a_missing_column_advice_followed(tmp_path):
+    """"set tasks.sentiment.text_fields (label_field) to the file's columns: found [...]": the column the message
+    lists, set, reads the file with its texts and labels."""
+    train = tmp_path / "train.csv"
+    train.write_text("sentence,label\ngood,pos\nbad,neg\n", "utf-8")
+    with pytest.raises(TaskDataError) as e:
+        local_task(tmp_path)
+    said = re.search(r"set tasks\.sentiment\.(text_fields) to the file's columns: found \[([^\]]*)\]", str(e.value))
+    assert said is not None, str(e.value)
+    columns = [c.strip().strip("'") for c in said[2].split(",")]
+    assert columns == ["sentence", "label"]
+    task = local_task(tmp_path, text_fields=[c for c in columns if c != "label"])  # the file's text column
+    assert task.labels == ("neg", "pos")
+    assert task.records("train") == [{"sentence": "good", "label": 1}, {"sentence": "bad", "label": 0}]
+    train.write_text("text,polarity\ngood,pos\nbad,neg\n", "utf-8")
+    with pytest.raises(TaskDataError) as e:
+        local_task(tmp_path)
+    said = re.search(r"set tasks\.sentiment\.(label_field) to the file's columns: found \[([^\]]*)\]", str(e.value))
+    assert said is not None, str(e.value)
+    columns = [c.strip().strip("'") for c in said[2].split(",")]
+    task = local_task(tmp_path, label_field=[c for c in columns if c != "text"][0])
+    assert task.labels == ("neg", "pos")
+
+
+# ---------------------------------------------------------------------------------------------- 2: id_field
+
+
+def test_an_id_field_the_file_lacks_advice_followed(tmp_path):
+    """"set it to one of the file's columns ['id', 'text', 'label'], or leave it unset to use the 'id' column or the
+    record's position": either, done, reads every file, with the ids the message promises."""
+    from tests.test_task_inputs import write_task
+
+    root = write_task(tmp_path / "long", id_column="id")
+    with pytest.raises(TaskDataError) as e:  # no file has 'ref'; train is read at once
+        TaskData("long", TaskConfig(kind="local", source=str(root), id_field="ref"))
+    assert str(e.value).startswith(f"{root / 'train.csv'}, line 2: missing field 'ref' ")
+    said = re.search(r"set it to one of the file's columns \[([^\]]*)\], or leave it unset", str(e.value))
+    assert said is not None, str(e.value)
+    columns = [c.strip().strip("'") for c in said[1].split(",")]
+    assert "id" in columns
+    for id_field in ("id", ""):  # advice 1 (the file's id column), advice 2 (unset)
+        data = TaskData("long", TaskConfig(kind="local", source=str(root), id_field=id_field))
+        assert [r["id"] for r in data.records("test", "tr")] == [f"test.tr-r{i}" for i in range(5)]
+        assert [r["id"] for r in data.records("train")] == [f"train-r{i}" for i in range(10)]
+        assert len(data.records("dev")) == 6 and len(data.records("test", "de")) == 6
+
+
+def test_an_id_field_on_a_qa_task_advice_followed():
+    """"leave tasks.mlqa.id_field unset": done, the experiment loads, with the QA task's ids its 'id' field."""
+    from minimodel.experiment import load_experiment
+
+    with pytest.raises(ConfigError) as e:
+        load_experiment(TINY_YAML, ["tasks.mlqa.id_field=qid"])
+    said = re.search(r"leave (tasks\.mlqa\.id_field) unset$", str(e.value))
+    assert said is not None, str(e.value)
+    cfg = load_experiment(TINY_YAML, [])  # the key left unset
+    assert not cfg.tasks["mlqa"].id_field
