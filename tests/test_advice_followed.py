@@ -99,3 +99,38 @@ def test_an_id_field_on_a_qa_task_advice_followed():
     assert said is not None, str(e.value)
     cfg = load_experiment(TINY_YAML, [])  # the key left unset
     assert not cfg.tasks["mlqa"].id_field
+
+
+# ---------------------------------------------------------------------------------------------- 3: FOCUS min_count
+
+
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("fasttext") is None,
+                    reason="the focus extra (fastText) is not installed: pip install 'minimodel[focus]'")
+def test_focus_min_count_advice_followed(tmp_path, prepared, corpus_dir):
+    """adapt.init=focus with a min_count no piece reaches: "lower adapt.focus.min_count": lowered (all else the
+    same), fastText keeps pieces and step 2's auxiliary vectors are written, each kept piece seen that often."""
+    import json
+
+    from minimodel.data.aux_embeddings import AuxSettings, aux_embeddings
+    from minimodel.data.prepare import load_prepared_tokenizer
+    from tests.conftest import tiny_config
+    from tests.test_focus import copy_prepared
+
+    copy = copy_prepared(prepared, tmp_path / "copy", langs=("de",))
+
+    def aux(min_count: int):
+        cfg = tiny_config(tmp_path, corpus_dir, "adapt.init=focus", "adapt.focus.epochs=1",
+                          f"adapt.focus.min_count={min_count}", prepared=copy)
+        f = cfg.adapt.focus
+        return aux_embeddings(cfg, "de", load_prepared_tokenizer(cfg, "de"),
+                              AuxSettings(f.dim, f.epochs, f.min_count, f.threads))  # as step 2 builds them
+
+    with pytest.raises(ConfigError) as e:
+        aux(10**9)
+    said = re.search(r"none occurs adapt\.focus\.min_count=(\d+) times\): (lower adapt\.focus\.min_count)", str(e.value))
+    assert said is not None and int(said[1]) == 10**9, str(e.value)
+    lowered = aux(int(said[1]) // 10**8)  # the advice: min_count lowered, from 1e9 to 10
+    assert lowered.vectors.shape[0] == len(lowered.pieces) > 0
+    assert lowered.path.is_file() and lowered.record["fasttext"]["min_count"] == 10
+    counts = json.loads(lowered.path.with_suffix(".json").read_text())["counts"]
+    assert len(counts) == len(lowered.pieces) and min(counts) >= 10
