@@ -134,3 +134,55 @@ def test_focus_min_count_advice_followed(tmp_path, prepared, corpus_dir):
     assert lowered.path.is_file() and lowered.record["fasttext"]["min_count"] == 10
     counts = json.loads(lowered.path.with_suffix(".json").read_text())["counts"]
     assert len(counts) == len(lowered.pieces) and min(counts) >= 10
+
+
+# ---------------------------------------------------------------------------------------------- 7: the memory plan
+
+
+def test_the_plans_micro_batch_advice_followed(tmp_path, capsys):
+    """`plan` at micro-batch 32 x 8 GPUs against a global batch of 32: "(micro-batches that do: 1, 2, 4)"; each
+    micro-batch it names, set, is planned (no "**no** (batch)") and `submit --dry-run` writes the job's script."""
+    from minimodel.cli import main
+
+    exp = str(ROOT / "experiments" / "minijoint.yaml")
+    over = ["pretrain.optim.global_batch=32", "pretrain.optim.micro_batch=32", f"runs_dir={tmp_path / 'runs'}"]
+    assert main(["plan", exp, "--launcher", "a100", *over]) == 0
+    said = re.search(r"pretrain\.optim\.micro_batch=32 x 8 GPU\(s\) does not divide the global batch 32: the job "
+                     r"would stop at its start \(micro-batches that do: ([\d, ]+)\)", capsys.readouterr().err)
+    assert said is not None
+    named = [int(m) for m in said[1].split(",")]
+    assert named and all(m * 8 <= 32 for m in named)
+    for micro in named:
+        followed = [*over[:1], f"pretrain.optim.micro_batch={micro}", f"runs_dir={tmp_path / f'runs{micro}'}"]
+        assert main(["plan", exp, "--launcher", "a100", *followed]) == 0
+        out = capsys.readouterr()
+        row = next(line for line in out.out.splitlines() if line.startswith("| pretrain |"))
+        assert "**no**" not in row and "does not divide" not in out.err, (row, out.err)
+        assert main(["submit", exp, *followed, "--launcher", "a100", "--dry-run"]) == 0
+        assert list((tmp_path / f"runs{micro}").rglob("*.sbatch"))
+
+
+# ---------------------------------------------------------------------------------------------- 6: result rows
+
+
+def test_conflicting_result_rows_advice_followed(tmp_path):
+    """"remove the wrong one": done (line 3 removed), the table reads, with the row that stayed."""
+    import json
+
+    from minimodel.errors import UserError
+    from minimodel.store.results import ResultsTable
+
+    row = {"system": "bl_base", "body": "primary", "task": "xnli", "lang": "de", "seed": 1, "step": 5,
+           "flops": 1.0, "v100_days": 0.0, "split": "test", "metric": "accuracy", "value": 50.0}
+    other = {**row, "step": 10}
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (row, other, {**row, "value": 40.0})))
+    with pytest.raises(UserError) as e:
+        ResultsTable(path).rows()
+    said = re.search(r"lines (\d+) and (\d+) are results of the same evaluation .*: (remove the wrong one), or both "
+                     r"and rerun `minimodel evaluate`", str(e.value))
+    assert said is not None, str(e.value)
+    lines = path.read_text().splitlines(keepends=True)
+    wrong = int(said[2])  # the 40.0 one, line 3
+    path.write_text("".join(line for i, line in enumerate(lines, 1) if i != wrong))
+    assert ResultsTable(path).rows() == [row, other]
