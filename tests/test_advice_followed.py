@@ -186,3 +186,125 @@ def test_conflicting_result_rows_advice_followed(tmp_path):
     wrong = int(said[2])  # the 40.0 one, line 3
     path.write_text("".join(line for i, line in enumerate(lines, 1) if i != wrong))
     assert ResultsTable(path).rows() == [row, other]
+
+
+# ---------------------------------------------------------------------------------------------- a run to results
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory, prepared, corpus_dir):
+    """tests/test_reliability_round5.py's tiny BL_BASE run (pretrained 4 updates, adapted to German 4, finetuned on
+    the LibreOffice-help task, seed 1, evaluated), on a copy of the task's files that tests here may change.
+    Returns the `minimodel` arguments that name it, its system directory and its task directory."""
+    import shutil
+
+    from minimodel.cli import main
+    from tests.conftest import TINY_STAGE, stage_overrides, tiny_overrides
+
+    tmp = tmp_path_factory.mktemp("advice5")
+    task = shutil.copytree(ROOT / "data" / "demo" / "task" / "lohelp", tmp / "lohelp")
+    args = [TINY_YAML, *tiny_overrides(tmp, corpus_dir, prepared), "data.num_workers=0",
+            *stage_overrides(["pretrain", "adapt"], updates=4, **TINY_STAGE, ckpt_every=2, val_every=4),
+            "system=bl_base", "model.mini_heads=[]", "target_langs=[de]",
+            f"tasks.lohelp.source={task}", "tasks.lohelp.kind=local",
+            "tasks.lohelp.max_train_examples=32", "tasks.lohelp.max_len=64", "finetune.tasks=[lohelp]",
+            "finetune.seeds=[1]", "finetune.epochs=1", "finetune.batch_size=8", "finetune.micro_batch=8",
+            "finetune.trainer.accelerator=cpu", "finetune.trainer.precision=32-true", "--no-progress"]
+    for command in (["pretrain"], ["adapt", "lang=de"], ["finetune"], ["evaluate"]):
+        assert main([command[0], *args, *command[1:]]) == 0, command
+    return args, tmp / "runs" / "tiny" / "bl_base", task
+
+
+@pytest.mark.slow
+def test_a_changed_train_file_advice_followed(chain, capsys):
+    """A train file changed after finetuning: "finetune again (delete …/seed1) or restore the file". seed1 deleted,
+    `finetune` trains it again on the new file and `evaluate` scores it."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from minimodel.cli import main
+
+    args, system, task = chain
+    seed1 = system / "finetune" / "lohelp" / "seed1"
+    before = json.loads((seed1 / "done.json").read_text())["identity"]
+    train = task / "train.jsonl"
+    first = json.loads(train.read_text().splitlines()[0])
+    train.write_text(train.read_text() + json.dumps({**first, "id": "new", "text": "Eine neue Hilfeseite."}) + "\n")
+    capsys.readouterr()
+    assert main(["evaluate", *args]) == 2
+    err = capsys.readouterr().err
+    said = re.search(r"finetune again \(delete (\S+)\) or restore the file", err)
+    assert said is not None and "changed since" in err, err
+    assert Path(said[1]) == seed1
+    shutil.rmtree(said[1])  # the advice
+    assert main(["finetune", *args]) == 0
+    assert json.loads((seed1 / "done.json").read_text())["identity"] != before
+    assert main(["evaluate", *args]) == 0
+    assert "changed since" not in capsys.readouterr().err
+    rows = [json.loads(line) for line in (system / "results.jsonl").read_text().splitlines()]
+    assert any(r["task"] == "lohelp" and r["seed"] == 1 and r["split"] == "test" for r in rows)
+
+
+@pytest.mark.slow
+def test_conflicting_result_rows_advice_followed_by_evaluating_again(chain, tmp_path, capsys):
+    """"remove the wrong one, or both and rerun `minimodel evaluate`": both removed, evaluate writes the row again
+    (the value it had) and the report reads the table."""
+    import json
+
+    from minimodel.cli import main
+
+    args, system, _ = chain
+    results = system / "results.jsonl"
+    lines = results.read_text().splitlines(keepends=True)
+    i, line = next((i, x) for i, x in enumerate(lines) if json.loads(x)["split"] == "test")
+    row = json.loads(line)
+    results.write_text("".join(lines) + json.dumps({**row, "value": row["value"] + 1.0}) + "\n")
+    capsys.readouterr()
+    assert main(["report", *args, "--out", str(tmp_path / "r.md")]) == 2
+    err = capsys.readouterr().err
+    said = re.search(r"lines (\d+) and (\d+) are results of the same evaluation .*: remove the wrong one, or both "
+                     r"and rerun `minimodel evaluate`", err)
+    assert said is not None and (int(said[1]), int(said[2])) == (i + 1, len(lines) + 1), err
+    kept = results.read_text().splitlines(keepends=True)
+    results.write_text("".join(x for n, x in enumerate(kept, 1) if n not in (int(said[1]), int(said[2]))))
+    assert main(["evaluate", *args]) == 0  # the advice
+    again = [json.loads(x) for x in results.read_text().splitlines()]
+    assert sorted(map(json.dumps, again)) == sorted(json.dumps(json.loads(x)) for x in lines)
+    assert main(["report", *args, "--out", str(tmp_path / "r.md")]) == 0
+    assert (tmp_path / "r.md").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- 5: no checkpoint
+
+
+def test_no_intact_checkpoint_advice_followed(tmp_path, prepared, corpus_dir, capsys):
+    """A stopped pretraining with every checkpoint broken: "Delete …/pretrain to start the stage again": deleted,
+    `pretrain` runs the stage from its start to its end."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from minimodel.cli import main
+    from tests.conftest import TINY_STAGE, stage_overrides, tiny_overrides
+
+    args = [TINY_YAML, *tiny_overrides(tmp_path, corpus_dir, prepared), "data.num_workers=0",
+            *stage_overrides(["pretrain"], updates=4, **TINY_STAGE, ckpt_every=2, val_every=4), "--no-progress"]
+    assert main(["pretrain", *args]) == 0
+    run = next((tmp_path / "runs").rglob("pretrain/done.json")).parent
+    identity = json.loads((run / "done.json").read_text())["identity"]
+    for ckpt in (run / "checkpoints").glob("*.ckpt"):
+        ckpt.unlink()
+        ckpt.write_bytes(b"broken")
+    (run / "done.json").unlink()
+    capsys.readouterr()
+    assert main(["pretrain", *args]) == 2
+    err = capsys.readouterr().err
+    said = re.search(r"no checkpoint of (\S+) can resume it\. Delete (\S+) to start the stage again", err)
+    assert said is not None, err
+    assert Path(said[2]) == Path(said[1]) == run
+    shutil.rmtree(said[2])  # the advice
+    assert main(["pretrain", *args]) == 0
+    done = json.loads((run / "done.json").read_text())
+    assert done["identity"] == identity  # the same 4 updates from the start: bit-exact, the same run
+    assert sorted(p.name for p in (run / "checkpoints").glob("step*.ckpt"))
