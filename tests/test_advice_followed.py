@@ -232,10 +232,17 @@ def test_a_changed_train_file_advice_followed(chain, capsys):
     first = json.loads(train.read_text().splitlines()[0])
     train.write_text(train.read_text() + json.dumps({**first, "id": "new", "text": "Eine neue Hilfeseite."}) + "\n")
     capsys.readouterr()
+    assert main(["finetune", *args]) == 2  # "finetune says the same"
+    err = capsys.readouterr().err
+    said = re.search(r"delete (\S+) to finetune on the new file, or restore the file", err)
+    assert said is not None and Path(said[1]) == seed1, err
+    # evaluate says it when it has something to evaluate (as in the pinning test: its results removed; with every
+    # row already in results.jsonl it evaluates nothing and reads no train file)
+    (system / "results.jsonl").unlink()
     assert main(["evaluate", *args]) == 2
     err = capsys.readouterr().err
     said = re.search(r"finetune again \(delete (\S+)\) or restore the file", err)
-    assert said is not None and "changed since" in err, err
+    assert said is not None and f"{train} changed since" in err, err
     assert Path(said[1]) == seed1
     shutil.rmtree(said[1])  # the advice
     assert main(["finetune", *args]) == 0
