@@ -315,3 +315,42 @@ def test_no_intact_checkpoint_advice_followed(tmp_path, prepared, corpus_dir, ca
     done = json.loads((run / "done.json").read_text())
     assert done["identity"] == identity  # the same 4 updates from the start: bit-exact, the same run
     assert sorted(p.name for p in (run / "checkpoints").glob("step*.ckpt"))
+
+
+# ---------------------------------------------------------------------------------------------- 8: --embeddings-only
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [
+    ["model.affine_after=1"],
+    ["model.family=decoder", "model.norm=layernorm", "model.positions=rotary"],
+], ids=["affine", "decoder"])
+def test_an_unexportable_model_advice_followed(tmp_path, prepared, corpus_dir, capsys, model):
+    """A model no transformers class holds, pretrained and adapted to German: export refuses with "export the
+    embeddings alone (--embeddings-only)"; that flag, added, writes the German embeddings (and only them)."""
+    import json
+
+    import torch
+
+    from minimodel.cli import main
+    from tests.conftest import TINY_STAGE, stage_overrides, tiny_overrides
+
+    args = [TINY_YAML, *tiny_overrides(tmp_path, corpus_dir, prepared), "data.num_workers=0", *model,
+            *stage_overrides(["pretrain", "adapt"], updates=2, **TINY_STAGE, ckpt_every=2, val_every=2),
+            "system=bl_base", "model.mini_heads=[]", "target_langs=[de]", "--no-progress"]
+    for command in (["pretrain"], ["adapt", "lang=de"]):
+        assert main([command[0], *args, *command[1:]]) == 0, command
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert main(["export", *args, "lang=de", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no transformers class" in err and "export the embeddings alone (--embeddings-only)" in err, err
+    assert not out.exists()
+    assert main(["export", *args, "lang=de", "--out", str(out), "--embeddings-only"]) == 0  # the advice
+    assert (out / "embeddings.pt").is_file()
+    meta = json.loads((out / "minimodel.json").read_text())
+    assert meta["kind"] == "embeddings" and meta["lang"] == "de"
+    assert not list(out.glob("*.safetensors")) and not (out / "config.json").exists()  # the embeddings alone
+    saved = torch.load(out / "embeddings.pt", weights_only=True)
+    tensors = [v for v in saved.values() if torch.is_tensor(v) and v.dim() == 2]
+    assert tensors and {t.shape[0] for t in tensors} == {1000}  # the German vocabulary (data.vocab_size=1000)
