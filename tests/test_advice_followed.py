@@ -198,21 +198,11 @@ def chain(tmp_path_factory, prepared, corpus_dir):
     Returns the `minimodel` arguments that name it, its system directory and its task directory."""
     import shutil
 
-    from minimodel.cli import main
-    from tests.conftest import TINY_STAGE, stage_overrides, tiny_overrides
+    from tests.test_reliability_round5 import tiny_chain
 
     tmp = tmp_path_factory.mktemp("advice5")
     task = shutil.copytree(ROOT / "data" / "demo" / "task" / "lohelp", tmp / "lohelp")
-    args = [TINY_YAML, *tiny_overrides(tmp, corpus_dir, prepared), "data.num_workers=0",
-            *stage_overrides(["pretrain", "adapt"], updates=4, **TINY_STAGE, ckpt_every=2, val_every=4),
-            "system=bl_base", "model.mini_heads=[]", "target_langs=[de]",
-            f"tasks.lohelp.source={task}", "tasks.lohelp.kind=local",
-            "tasks.lohelp.max_train_examples=32", "tasks.lohelp.max_len=64", "finetune.tasks=[lohelp]",
-            "finetune.seeds=[1]", "finetune.epochs=1", "finetune.batch_size=8", "finetune.micro_batch=8",
-            "finetune.trainer.accelerator=cpu", "finetune.trainer.precision=32-true", "--no-progress"]
-    for command in (["pretrain"], ["adapt", "lang=de"], ["finetune"], ["evaluate"]):
-        assert main([command[0], *args, *command[1:]]) == 0, command
-    return args, tmp / "runs" / "tiny" / "bl_base", task
+    return tiny_chain(tmp, corpus_dir, prepared, task), tmp / "runs" / "tiny" / "bl_base", task
 
 
 @pytest.mark.slow

@@ -228,19 +228,25 @@ def chain(tmp_path_factory, prepared, corpus_dir):
     """A tiny BL_BASE run to its results: pretrained (4 updates), adapted to German (4), finetuned on the
     LibreOffice-help task (seed 1, 32 examples), evaluated. Returns the `minimodel` arguments that name it and its
     system directory. Tests below damage it, follow the advice, and leave it whole again."""
+    tmp = tmp_path_factory.mktemp("advice")
+    return tiny_chain(tmp, corpus_dir, prepared, ROOT / "data/demo/task/lohelp"), tmp / "runs" / "tiny" / "bl_base"
+
+
+def tiny_chain(tmp: Path, corpus_dir: Path, prepared: Path, task: Path) -> list[str]:
+    """The `minimodel` arguments of a tiny BL_BASE run in ``tmp`` (German, the LibreOffice-help task read from
+    ``task``), run through pretrain, adapt, finetune and evaluate; every command must exit 0."""
     from tests.conftest import TINY_STAGE, stage_overrides, tiny_overrides
 
-    tmp = tmp_path_factory.mktemp("advice")
     args = [TINY_YAML, *tiny_overrides(tmp, corpus_dir, prepared), "data.num_workers=0",
             *stage_overrides(["pretrain", "adapt"], updates=4, **TINY_STAGE, ckpt_every=2, val_every=4),
             "system=bl_base", "model.mini_heads=[]", "target_langs=[de]",
-            f"tasks.lohelp.source={ROOT / 'data/demo/task/lohelp'}", "tasks.lohelp.kind=local",
+            f"tasks.lohelp.source={task}", "tasks.lohelp.kind=local",
             "tasks.lohelp.max_train_examples=32", "tasks.lohelp.max_len=64", "finetune.tasks=[lohelp]",
             "finetune.seeds=[1]", "finetune.epochs=1", "finetune.batch_size=8", "finetune.micro_batch=8",
             "finetune.trainer.accelerator=cpu", "finetune.trainer.precision=32-true", "--no-progress"]
     for command in (["pretrain"], ["adapt", "lang=de"], ["finetune"], ["evaluate"]):
         assert main([command[0], *args, *command[1:]]) == 0, command
-    return args, tmp / "runs" / "tiny" / "bl_base"
+    return args
 
 
 @pytest.mark.slow
