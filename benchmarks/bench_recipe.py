@@ -100,7 +100,7 @@ def part_step0(args: argparse.Namespace) -> dict:
     out: dict[str, Any] = {}
     for depth in args.depths:
         cfg = config(args.runs_dir, "recipe-step0", f"bridge.depth={depth}", f"bridge.layers={args.bridge_layers}")
-        primary, trained_with = load_primary(cfg.bridge.source, cfg.model.family)
+        primary, trained_with = load_primary(cfg.bridge.source, cfg.model.family, runs_dir=str(cfg.runs_dir))
         tok = load_source_tokenizer(cfg, primary, cfg.bridge.source, trained_with)
         data = mlm_datamodule(cfg, "en", cfg.bridge.optim, cfg.bridge.trainer.seed, tok)
         data.setup()
@@ -163,7 +163,7 @@ def part_init(args: argparse.Namespace) -> None:
 
     for lang in args.langs:
         cfg = config(args.runs_dir, "recipe-init", f"lang={lang}", "system=bl_base", *args.override)
-        smollm2, trained_with = load_primary(cfg.bridge.source, cfg.model.family)
+        smollm2, trained_with = load_primary(cfg.bridge.source, cfg.model.family, runs_dir=str(cfg.runs_dir))
         own = load_source_tokenizer(cfg, smollm2, cfg.bridge.source, trained_with)
         texts = held_out_texts(cfg, lang)
         window = cfg.data.seq_len
@@ -207,7 +207,7 @@ def part_embeddings(args: argparse.Namespace) -> None:
     name = f"recipe-N{args.depth}-{args.bridge_recipe.replace(':', '-')}"  # the mini-model of part (a)
     base = config(args.runs_dir, name, f"bridge.depth={args.depth}", f"bridge.layers={args.bridge_layers}",
                   *(f"bridge.{k}={v}" for k, v in zip(("init", "objective"), args.bridge_recipe.split(":"))))
-    smollm2, trained_with = load_primary(base.bridge.source, base.model.family)
+    smollm2, trained_with = load_primary(base.bridge.source, base.model.family, runs_dir=str(base.runs_dir))
     own = load_source_tokenizer(base, smollm2, base.bridge.source, trained_with)
     window = base.data.seq_len
     for lang in args.langs:
@@ -237,7 +237,7 @@ def part_embeddings(args: argparse.Namespace) -> None:
                                        "checkpoints": {}}
                 for path in adaptation_checkpoints(result.run_dir):
                     adapted = load_adaptation(path)
-                    model, _ = load_primary(base.bridge.source, base.model.family)
+                    model, _ = load_primary(base.bridge.source, base.model.family, runs_dir=str(base.runs_dir))
                     plug_embeddings(model, adapted, target.sha256, target.vocab_size)
                     row["checkpoints"][adapted.step] = {**loss_per_char(model, target, texts, window),
                                                         "flops": adapted.flops}
