@@ -82,6 +82,11 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 # ------------------------------------------------------------------------------------------------ (a) the bridge
 
 
+def _suffix(args: argparse.Namespace, sep: str) -> str:
+    """``--tag``: a setting outside the grid (its ``--override``s) gets run names and JSON keys of its own."""
+    return f"{sep}{args.tag}" if args.tag else ""
+
+
 def part_layers(args: argparse.Namespace) -> dict:
     from minimodel.stages.layers import layer_rows
 
@@ -122,7 +127,7 @@ def part_bridge(args: argparse.Namespace) -> None:
 
     for spec in args.runs:
         init, objective = spec.split(":")
-        name = f"recipe-N{args.depth}-{init}-{objective}"
+        name = f"recipe-N{args.depth}-{init}-{objective}{_suffix(args, '-')}"
         cfg = config(args.runs_dir, name, f"bridge.init={init}", f"bridge.objective={objective}",
                      f"bridge.depth={args.depth}", f"bridge.layers={args.bridge_layers}",
                      f"bridge.optim.updates={args.updates}", *args.override)
@@ -137,8 +142,9 @@ def part_bridge(args: argparse.Namespace) -> None:
                "final_gap": losses[max(losses)] - info["source_loss"] if losses else None,
                "affine_r2": info.get("affine", {}).get("r2"), "seconds_this_call": seconds,
                "outcome": result.outcome.value, "stopped_at": result.step if result.outcome.value == "stopped" else None,
-               "flops": result.done.get("flops"), "train_loss": train_losses(result.run_dir)}
-        key = f"N{args.depth}/{init}:{objective}"
+               "flops": result.done.get("flops"), "train_loss": train_losses(result.run_dir),
+               "overrides": args.override, "cpu": platform.processor() or _cpu()}
+        key = f"N{args.depth}/{init}:{objective}{_suffix(args, '@')}"
         figures = json.loads(args.json.read_text()).get("bridge", {}) if args.json.exists() else {}
         figures[key] = row
         update_json(args.json, "bridge", figures)
@@ -204,9 +210,10 @@ def part_embeddings(args: argparse.Namespace) -> None:
     from minimodel.store.checkpoints import load_adaptation
     from minimodel.store.layout import adaptation_checkpoints
 
-    name = f"recipe-N{args.depth}-{args.bridge_recipe.replace(':', '-')}"  # the mini-model of part (a)
-    base = config(args.runs_dir, name, f"bridge.depth={args.depth}", f"bridge.layers={args.bridge_layers}",
-                  *(f"bridge.{k}={v}" for k, v in zip(("init", "objective"), args.bridge_recipe.split(":"))))
+    name = f"recipe-N{args.depth}-{args.bridge_recipe.replace(':', '-')}{_suffix(args, '-')}"  # part (a)'s mini-model
+    bridge = [f"bridge.depth={args.depth}", f"bridge.layers={args.bridge_layers}",
+              *(f"bridge.{k}={v}" for k, v in zip(("init", "objective"), args.bridge_recipe.split(":")))]
+    base = config(args.runs_dir, name, *bridge, *args.override)
     smollm2, trained_with = load_primary(base.bridge.source, base.model.family, runs_dir=str(base.runs_dir))
     own = load_source_tokenizer(base, smollm2, base.bridge.source, trained_with)
     window = base.data.seq_len
@@ -219,33 +226,35 @@ def part_embeddings(args: argparse.Namespace) -> None:
         update_json(args.json, "embeddings", figures)
         print(f"{lang}: SmolLM2 with its own tokenizer {entry['smollm2_own_tokenizer']['nats_per_char']:.4f} "
               f"nats/char", flush=True)
-        target = load_prepared_tokenizer(base, lang)
-        for system in args.systems:
-            for init in args.inits:
-                cfg = config(args.runs_dir, name, f"system={system}", f"lang={lang}", f"adapt.init={init}",
-                             f"adapt.tag={init}", f"adapt.optim.updates={args.adapt_updates}",
-                             f"bridge.depth={args.depth}", f"bridge.layers={args.bridge_layers}",
-                             *(f"bridge.{k}={v}" for k, v in zip(("init", "objective"), args.bridge_recipe.split(":"))),
-                             *args.override)
-                start = time.perf_counter()
-                result = run_adapt(cfg, progress_bar=False)
-                seconds = time.perf_counter() - start
-                row: dict[str, Any] = {"system": system, "init": init, "updates": args.adapt_updates,
-                                       "tokens_per_update": cfg.adapt.optim.global_batch * cfg.data.seq_len,
-                                       "seconds_this_call": seconds, "outcome": result.outcome.value,
-                                       "init_info": json.loads((result.run_dir / "adapt_info.json").read_text())["init"],
-                                       "checkpoints": {}}
-                for path in adaptation_checkpoints(result.run_dir):
-                    adapted = load_adaptation(path)
-                    model, _ = load_primary(base.bridge.source, base.model.family, runs_dir=str(base.runs_dir))
-                    plug_embeddings(model, adapted, target.sha256, target.vocab_size)
-                    row["checkpoints"][adapted.step] = {**loss_per_char(model, target, texts, window),
-                                                        "flops": adapted.flops}
-                    print(f"{lang} {system} {init} step {adapted.step}: "
-                          f"{row['checkpoints'][adapted.step]['nats_per_char']:.4f} nats/char", flush=True)
-                figures = json.loads(args.json.read_text()).get("embeddings", {})
-                figures.setdefault(lang, {})[f"{system}/{init}"] = row
-                update_json(args.json, "embeddings", figures)
+        for vocabulary in args.vocabularies:
+            # replace keeps the keys (and adaptation runs) of the first rows; extend gets its own
+            variant = "" if vocabulary == "replace" else f"{vocabulary}/"
+            for system in args.systems:
+                for init in args.inits:
+                    cfg = config(args.runs_dir, name, f"system={system}", f"lang={lang}", f"adapt.init={init}",
+                                 f"adapt.vocabulary={vocabulary}", f"adapt.tag={variant.replace('/', '-')}{init}",
+                                 f"adapt.optim.updates={args.adapt_updates}", *bridge, *args.override)
+                    target = load_prepared_tokenizer(cfg, lang)  # extend: SmolLM2's pieces plus the target's new ones
+                    start = time.perf_counter()
+                    result = run_adapt(cfg, progress_bar=False)
+                    seconds = time.perf_counter() - start
+                    row: dict[str, Any] = {
+                        "system": system, "init": init, "vocabulary": vocabulary, "updates": args.adapt_updates,
+                        "tokens_per_update": cfg.adapt.optim.global_batch * cfg.data.seq_len,
+                        "seconds_this_call": seconds, "outcome": result.outcome.value,
+                        "init_info": json.loads((result.run_dir / "adapt_info.json").read_text())["init"],
+                        "overrides": args.override, "cpu": platform.processor() or _cpu(), "checkpoints": {}}
+                    for path in adaptation_checkpoints(result.run_dir):
+                        adapted = load_adaptation(path)
+                        model, _ = load_primary(base.bridge.source, base.model.family, runs_dir=str(base.runs_dir))
+                        plug_embeddings(model, adapted, target.sha256, target.vocab_size)
+                        row["checkpoints"][adapted.step] = {**loss_per_char(model, target, texts, window),
+                                                            "flops": adapted.flops}
+                        print(f"{lang} {system} {vocabulary} {init} step {adapted.step}: "
+                              f"{row['checkpoints'][adapted.step]['nats_per_char']:.4f} nats/char", flush=True)
+                    figures = json.loads(args.json.read_text()).get("embeddings", {})
+                    figures.setdefault(lang, {})[f"{system}/{variant}{init}{_suffix(args, '@')}"] = row
+                    update_json(args.json, "embeddings", figures)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--updates", type=int, default=1000)
     p.add_argument("--langs", type=lambda s: s.split(","), default=["fr", "ru"])
     p.add_argument("--override", action="append", default=[], help="a config override for every run (repeatable)")
+    p.add_argument("--tag", default="", help="names the --override setting: run names and JSON keys get it as a "
+                                             "suffix, so the grid's own rows are never overwritten")
     p.add_argument("--systems", type=lambda s: s.split(","), default=["minipost", "bl_base"])
     p.add_argument("--inits", type=lambda s: s.split(","), default=["mean", "overlap", "random"])
     p.add_argument("--adapt-updates", type=int, default=500)

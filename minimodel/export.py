@@ -110,6 +110,13 @@ def _check_out(out: Path, force: bool) -> bool:
     if above is not None and not above.is_dir():
         raise ConfigError(f"--out {out}: {above} is a file, so no directory can be made under it: choose another "
                           f"--out")
+    if not out.exists():  # can it be made? (a probe that leaves nothing: the export itself comes much later)
+        first = next(p for p in (out, *out.parents) if p.parent == above or p.parent == p)
+        try:
+            first.mkdir()
+            first.rmdir()
+        except OSError as e:
+            raise ConfigError(f"--out {out}: cannot make {first} ({e.strerror or e}): choose another --out") from None
     if out.exists() and any(out.iterdir()):
         if not force:
             raise ConfigError(f"--out {out} exists and is not empty: choose another directory (or --force to "

@@ -70,6 +70,8 @@ def test_export_refuses_what_it_cannot_export_before_reading_anything(tmp_path, 
 @pytest.mark.parametrize("out,force,message", [
     ("afile/sub/out", False, "--out {tmp}/afile/sub/out: {tmp}/afile is a file, so no directory can be made under it"),
     ("afile", False, "--out {tmp}/afile is a file, not a directory: choose another --out"),
+    # a directory the system will not make (was an OSError traceback after the whole export was built)
+    ("/proc/minimodel-out/x", False, "--out /proc/minimodel-out/x: cannot make /proc/minimodel-out ("),
     ("mine", False, "--out {tmp}/mine exists and is not empty: choose another directory (or --force"),
     ("mine", True, "--out {tmp}/mine holds files that are not a minimodel export (it has no minimodel.json): not "
                    "replacing them, even with --force; choose a new or empty directory as --out"),
@@ -308,3 +310,16 @@ def test_report_out_under_a_file_is_refused_naming_it(tmp_path, capsys):
     assert report(runs, "--out", str(tmp_path / "afile" / "r.md")) == 2
     assert f"--out {tmp_path / 'afile' / 'r.md'}: {tmp_path / 'afile'} is a file" in one_error(capsys)
     assert (tmp_path / "afile").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["plan", str(ROOT / "experiments")], "config file {root}/experiments is a directory, not a YAML file: give one "
+                                          "of its files (bl_base.yaml"),
+    (["plan", TINY_YAML, "--launcher", str(ROOT / "conf" / "launcher")],
+     "launcher file {root}/conf/launcher is a directory, not a YAML file: give one of its files (a100.yaml"),
+])
+def test_a_directory_given_as_a_yaml_file_is_named_as_one(capsys, argv, message):
+    """A directory as the experiment or the launcher said "not found" (it is there): now it says what it is and
+    which of its files could be meant."""
+    assert main(argv) == 2
+    assert message.replace("{root}", str(ROOT)) in one_error(capsys)

@@ -41,6 +41,10 @@ def find_conf_dir(config_file: Path) -> Path:
 
 def load_yaml_mapping(path: Path, what: str = "config file", error: type[ConfigError] = ConfigError) -> DictConfig:
     """A YAML file holding a mapping; ``error`` (naming the file) when it is missing, invalid or not a mapping."""
+    if path.is_dir():
+        yamls = sorted(p.name for p in path.glob("*.y*ml"))[:6]
+        raise error(f"{what} {path} is a directory, not a YAML file: give one of its files"
+                    + (f" ({', '.join(yamls)}{', ...' if len(yamls) == 6 else ''})" if yamls else ""))
     if not path.is_file():
         raise error(f"{what} not found: {path}")
     try:

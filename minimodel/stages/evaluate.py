@@ -90,16 +90,34 @@ def task_of(cfg: ExperimentConfig, task: str, finetuned: Finetuned, where: Path)
     """The task as the model ``where`` was finetuned on it: test labels map to the label ids saved with the
     model (not to those of today's train file), and a train file changed since then is an error."""
     data = TaskData(task, cfg.tasks[task], None if finetuned.qa else tuple(finetuned.labels))
-    now = data.train_sha256()
-    if finetuned.train_sha256 and now and finetuned.train_sha256 != now:
-        raise TaskDataError(
-            f"tasks.{task}: {data.train_file()} changed since {where} was finetuned on it (sha256 "
-            f"{finetuned.train_sha256[:12]} then, {now[:12]} now), so its scores would not be this task's: "
-            f"finetune again (delete {where.parent}) or restore the file")
+    now = check_train_sha(data, finetuned.train_sha256, where)
     if now and not finetuned.train_sha256:
         log.warning(f"{where} does not record the train file it was finetuned on (written by an older minimodel): "
                     f"evaluating with the labels saved with it, {list(finetuned.labels)}")
     return data
+
+
+def check_train_sha(data: TaskData, then: str, where: Path) -> str:
+    """The train file's sha256 now; a ``TaskDataError`` when the model ``where`` was finetuned on other bytes."""
+    now = data.train_sha256()
+    if then and now and then != now:
+        raise TaskDataError(
+            f"tasks.{data.name}: {data.train_file()} changed since {where} was finetuned on it (sha256 "
+            f"{then[:12]} then, {now[:12]} now), so its scores would not be this task's: "
+            f"finetune again (delete {where.parent}) or restore the file")
+    return now
+
+
+def check_train_files(cfg: ExperimentConfig, plan: StagePlan, tasks: list[str], seeds: list[int]) -> None:
+    """Before any row is skipped as done: a finished finetuning whose train file changed since is an error, even when
+    every row it would give is in results.jsonl already (they would be rows of a model of another task's data)."""
+    for task in tasks:
+        for seed in seeds:
+            for body in plan.bodies:
+                run_dir = plan.runs.finetune(task, seed, body)
+                then = (read_done(run_dir) or {}).get("train_sha256")
+                if then:
+                    check_train_sha(TaskData(task, cfg.tasks[task]), then, finetuned_model(run_dir))
 
 
 @dataclass
@@ -296,6 +314,7 @@ def _evaluate(cfg: ExperimentConfig, plan: StagePlan, progress: bool, wandb: Res
     device = device_for(cfg, local)
     cache: dict[tuple[str, tuple[str, ...], str], tuple[AnyTokenizer, list, list]] = {}
     evaluations, finals = evaluation_plan(cfg, r, tasks, seeds)
+    check_train_files(cfg, plan, tasks, seeds)
     data_id = data_ids(cfg, tasks, {lang for _, _, lang, _ in evaluations})
     remove_stale(cfg, plan, table, tasks, seeds, {lang for _, _, lang, _ in evaluations}, data_id)
     done = {tuple(row[k] for k in KEY) for row in table.rows() if row["split"] == cfg.evaluate.split}
