@@ -72,6 +72,9 @@ def test_evaluation_uses_the_saved_labels_and_refuses_a_changed_train_file(chain
     payload = torch.load(model_file, weights_only=True)
     del payload["train_sha256"]
     torch.save(payload, model_file)
+    done = json.loads((model_file.parent / "done.json").read_text())  # an older run's done.json lacks it too
+    del done["train_sha256"]
+    (model_file.parent / "done.json").write_text(json.dumps(done))
     assert main(["evaluate", EXP, *args, "--no-progress"]) == 0
     assert results(tmp) == before
     assert "does not record the train file it was finetuned on" in caplog.text
