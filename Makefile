@@ -27,7 +27,7 @@ seeds_list = $(shell seq -s, 1 $(SEEDS))
 OVERRIDES := $(if $(LANGS),target_langs=[$(LANGS)]) $(if $(TASKS),finetune.tasks=[$(TASKS)]) \
              $(if $(SEEDS),finetune.seeds=[$(seeds_list)]) $(ARGS)
 
-.PHONY: help setup test test-demo test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus sib200 sib200-corpus study-sib200 results-sib200 smollm2 study-real results-real study-real-fr results-real-fr study-real-gpu results-real-gpu study-gpu results-gpu
+.PHONY: help setup test test-demo test-slurm test-fast lint demo study study-beyond study-decoder results-decoder bl_base bl_small minijoint minipost depth_sweep depth_sweep_joint small results report submit bench flops plan gpu-check wiki-topics wiki-topics-corpus sib200 sib200-corpus study-sib200 results-sib200 study-sib200-latin results-sib200-latin smollm2 study-real results-real study-real-fr results-real-fr study-real-gpu results-real-gpu study-gpu results-gpu
 
 help:
 	@sed -n '1,10p' Makefile
@@ -181,6 +181,20 @@ results-sib200: setup
 	mkdir -p docs/real/sib200/recipe
 	$(MM) report experiments/study_sib200.yaml runs_dir=docs/results --out docs/real/sib200/results.md
 	$(MM) report experiments/study_sib200.yaml runs_dir=docs/results $(RECIPE_PAIR) --out docs/real/sib200/recipe/results.md
+
+# its second run (issue 53): French, Spanish and German with issue 52's extended vocabulary (docs/real/sib200.md);
+# about 2 hours of a 2-core CPU. Then make results-sib200-latin
+study-sib200-latin: smollm2 sib200-corpus
+	$(MM) run experiments/study_sib200_latin.yaml $(OVERRIDES)
+	$(BIN)/python scripts/unadapted_reference.py experiments/study_sib200_latin.yaml tasks.sib200.max_len=512
+
+LATIN_PAIR := report.systems='{bl_base@extend-mean: bl_base, minipost-recipe@extend-mean: minipost}'
+results-sib200-latin: setup
+	$(call copy_results,study_sib200_latin)
+	cp runs/study_sib200_latin/unadapted.jsonl docs/results/study_sib200_latin/
+	cp runs/study_sib200_latin/minipost-recipe/bridge/metrics.csv docs/results/study_sib200_latin/bridge_metrics.minipost-recipe.csv
+	mkdir -p docs/real/sib200/latin
+	$(MM) report experiments/study_sib200_latin.yaml runs_dir=docs/results $(LATIN_PAIR) --out docs/real/sib200/latin/results.md
 
 wiki-topics: setup
 	$(BIN)/python scripts/build_wiki_topics.py task --out data/wiki_topics --cache .cache/wheels

@@ -44,6 +44,23 @@ def test_the_cpu_study_evaluates_test_at_four_checkpoints_and_dev_with_three_see
     assert cfg.data.corpus_dir == "runs/corpora/sib200" and cfg.tasks["sib200"].source == "data/sib200"
 
 
+def test_the_latin_run_keeps_sizes_and_seeds_and_changes_only_languages_and_vocabulary():
+    """study_sib200_latin.yaml: French, Spanish, German; the recipe's two rows with the extended vocabulary; every
+    size, checkpoint and seed of study_sib200.yaml (so its rows read beside the first run's)."""
+    first, latin = rows("study_sib200"), rows("study_sib200_latin")
+    assert sorted(latin) == ["bl_base@extend-mean", "minipost-recipe@extend-mean"]
+    for label, cfg in latin.items():
+        before = first[label.replace("extend-", "")]
+        assert cfg.target_langs == ["fr", "es", "de"] and cfg.adapt.vocabulary == "extend" and cfg.adapt.init == "mean"
+        assert before.adapt.vocabulary == "replace"
+        for key in ("optim", "trainer"):
+            assert getattr(cfg.adapt, key) == getattr(before.adapt, key)
+            assert getattr(cfg.bridge, key) == getattr(before.bridge, key)
+        assert (cfg.bridge.init, cfg.bridge.depth, cfg.finetune, cfg.tasks) == \
+            (before.bridge.init, before.bridge.depth, before.finetune, before.tasks)
+    assert len({stage_plan(c, "adapt").runs.finetune("sib200", 1) for c in latin.values()}) == 1
+
+
 def test_the_gpu_variant_runs_all_six_languages_at_scale_and_fits_one_h100():
     from minimodel.cluster.launcher import plan_rows
 
