@@ -323,6 +323,9 @@ def test_report_out_under_a_file_is_refused_naming_it(tmp_path, capsys):
     # a value for a whole section: "bad value for 'None': None"
     ("", "data=5", "override 'data=5': bad value for 'data': it takes a mapping (key: value), got a value (5)"),
     ("model: [1, 2]\n", "", "hostile.yaml: bad value for 'model': it takes a mapping (key: value), got a list"),
+    # a list where any value goes (trainer.devices) is no clash: the one named is the mapping given a list
+    ("pretrain:\n  trainer: {devices: [0, 1]}\n  head_weights: [1, 2]\n", "",
+     "hostile.yaml: bad value for 'pretrain.head_weights': it takes a mapping"),
 ])
 def test_a_value_of_another_kind_than_its_key_takes_is_named(tmp_path, capsys, yaml, override, message):
     path = tmp_path / "hostile.yaml"
