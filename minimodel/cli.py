@@ -20,7 +20,7 @@ from typing import Any
 from minimodel import log as logs
 from minimodel import signals
 from minimodel.config.schema import ExperimentConfig, pooled_label
-from minimodel.errors import ERROR_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT, STOPPED_EXIT, UserError, one_line
+from minimodel.errors import ERROR_EXIT, INTERRUPT_EXIT, REQUEUE_EXIT, STOPPED_EXIT, ConfigError, UserError, one_line
 from minimodel.experiment import load_experiment
 from minimodel.store import atomic
 
@@ -195,6 +195,9 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.models import families
     from minimodel.report.document import summary, write_report
 
+    if args.out.endswith("/"):  # Path() drops it: the report would be a file of that name, its plots beside it
+        raise ConfigError(f"--out {args.out} ends with '/' (a directory): the report is one Markdown file (its plots "
+                          f"go to plots/ beside it): give a file path, e.g. --out {args.out}report.md")
     baselines: dict[tuple[str, str], dict[str, float]] = {}
     dev: dict[tuple[str, str], dict[str, float]] = {}  # the dev sets' (evaluate.dev: the report's dev checks)
     main_metrics: dict[str, str] = {}

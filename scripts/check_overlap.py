@@ -221,12 +221,24 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, OSError) as e:  # a task file's problems are TaskDataErrors naming file and line
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not rows:
-        print(f"no dev.L / test.L file of {args.task} has a corpus {args.corpus}/L.txt[.xz]")
+    if not rows:  # nothing compared: not "no overlap"
+        files = [p.name for p in eval_files(args.task)]
+        print(f"error: no dev.L / test.L file of {args.task} ({files or 'none'}) has a corpus of its language "
+              f"{args.corpus}/L.txt[.xz] (there: {sorted(p.name for p in args.corpus.iterdir())}): nothing was "
+              f"compared", file=sys.stderr)
+        return 2
+    if not any(checked for _, _, checked in rows):
+        print(f"error: no example of {', '.join(name for name, _, _ in rows)} has a text of at least "
+              f"{args.min_chars:,} characters in {args.fields} (--min-chars): nothing was compared; give a smaller "
+              f"--min-chars", file=sys.stderr)
+        return 2
     for name, found, checked in rows:
-        share = 100.0 * len(found) / checked if checked else 0.0
-        print(f"{name}: {len(found):,} of {checked:,} examples ({share:.1f}%) have a text field found verbatim in "
-              f"the corpus")
+        if not checked:
+            print(f"{name}: no example has a text of at least {args.min_chars:,} characters (--min-chars): none "
+                  f"compared")
+            continue
+        print(f"{name}: {len(found):,} of {checked:,} examples ({100.0 * len(found) / checked:.1f}%) have a text "
+              f"field found verbatim in the corpus")
         for f in found:
             print(f"  {f.describe()}")
     if args.write_clean is not None:

@@ -323,3 +323,166 @@ def test_a_directory_given_as_a_yaml_file_is_named_as_one(capsys, argv, message)
     which of its files could be meant."""
     assert main(argv) == 2
     assert message.replace("{root}", str(ROOT)) in one_error(capsys)
+
+
+# ------------------------------------------------------------------------------------------ the round 5 hostile pass
+
+
+@pytest.mark.parametrize("yaml,override,message", [
+    # a list where a mapping is expected (or the reverse): OmegaConf's merge raised a TypeError (a traceback)
+    ("", "pretrain.head_weights=[1,2]", "override 'pretrain.head_weights=[1,2]': bad value for "
+                                        "'pretrain.head_weights': it takes a mapping (key: value), got a list"),
+    ("", "target_langs={de: 1}", "bad value for 'target_langs': it takes a list, got a mapping"),
+    ("pretrain:\n  head_weights: [1, 2]\n", "", "hostile.yaml: bad value for 'pretrain.head_weights': it takes a "
+                                                "mapping (key: value), got a list ([1, 2])"),
+    # a value for a whole section: "bad value for 'None': None"
+    ("", "data=5", "override 'data=5': bad value for 'data': it takes a mapping (key: value), got a value (5)"),
+    ("model: [1, 2]\n", "", "hostile.yaml: bad value for 'model': it takes a mapping (key: value), got a list"),
+    # a list where any value goes (trainer.devices) is no clash: the one named is the mapping given a list
+    ("pretrain:\n  trainer: {devices: [0, 1]}\n  head_weights: [1, 2]\n", "",
+     "hostile.yaml: bad value for 'pretrain.head_weights': it takes a mapping"),
+])
+def test_a_value_of_another_kind_than_its_key_takes_is_named(tmp_path, capsys, yaml, override, message):
+    path = tmp_path / "hostile.yaml"
+    path.write_text(f"extends: {TINY_YAML}\n{yaml}")
+    assert main(["flops", str(path), *([override] if override else [])]) == 2
+    assert message in one_error(capsys)
+
+
+@pytest.mark.parametrize("override,key", [("target_langs=[de,tr,de]", "target_langs=['de', 'tr', 'de']"),
+                                          ("tasks.lohelp.langs=[de,de]", "tasks.lohelp.langs=['de', 'de']")])
+def test_a_language_given_twice_is_refused(capsys, override, key):
+    """``target_langs=[de,de]`` was taken as two languages: flops counted two adaptations, and `submit` queued two
+    jobs adapting de into one run directory (the second fails on its lock, its evaluation never runs)."""
+    assert main(["flops", TINY_YAML, override]) == 2
+    assert f"tiny.yaml: {key}: de given more than once; name each language once" in one_error(capsys)
+
+
+@pytest.mark.parametrize("stage,message", [
+    # a time no longer than signal_lead_s: USR1 as the job starts, a checkpoint and a requeue, again and again
+    ('pretrain: {time: "00:04:00"}', "stages.pretrain.time '00:04:00' (240 s) is not longer than signal_lead_s "
+                                     "(300 s): SLURM would send USR1"),
+    # a --mem sbatch refuses: the jobs before it were submitted, then sbatch failed (a chain half queued)
+    ('pretrain: {time: "04:00:00", mem: "lots"}', "stages.pretrain.mem must be sbatch's --mem: a whole number of "
+                                                  "megabytes or one with a unit K, M, G or T (e.g. '64G'"),
+])
+def test_a_launcher_time_within_the_signal_lead_or_a_bad_mem_is_refused_at_load(tmp_path, capsys, stage, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"partition: gpu\nstages:\n  {stage}\n")
+    minijoint = str(ROOT / "experiments" / "minijoint.yaml")
+    assert main(["submit", minijoint, f"runs_dir={tmp_path / 'runs'}", "--launcher", str(path), "--dry-run"]) == 2
+    assert f"{path}: {message}" in one_error(capsys)
+    assert not (tmp_path / "runs").exists()
+    for fine in ('pretrain: {time: "00:06:00", mem: "0"}', 'pretrain: {time: "04:00:00", mem: "64g"}'):
+        path.write_text(f"partition: gpu\nstages:\n  {fine}\n")
+        from minimodel.cluster.launcher import load_launcher
+        assert load_launcher(path).stages.pretrain.time == fine.split('"')[1]
+
+
+def test_report_out_ending_in_a_slash_is_refused(tmp_path, capsys):
+    """``--out DIR/`` (a directory meant, not there yet) wrote the report as a file named DIR, its plots beside it."""
+    from tests.test_reliability_round4_outputs import demo_runs, report
+
+    runs = demo_runs(tmp_path)
+    assert report(runs, "--out", f"{tmp_path / 'new'}/") == 2
+    assert f"--out {tmp_path / 'new'}/ ends with '/' (a directory): the report is one Markdown file" in one_error(capsys)
+    assert not (tmp_path / "new").exists() and not (tmp_path / "plots").exists()
+    assert report(runs, "--out", str(tmp_path / "new" / "report.md")) == 0  # the advice: e.g. --out DIR/report.md
+
+
+DEEP = "[" * 100_000  # JSON nested deeper than the parser goes: json.loads raised a RecursionError (a traceback)
+
+
+def test_json_nested_past_the_parsers_depth_is_a_damaged_file(tmp_path, capsys):
+    """A results.jsonl line, a done.json or a task file of 10^5 nested brackets: read as the damaged file it is."""
+    from minimodel.errors import UserError
+    from minimodel.store.layout import read_done
+    from minimodel.store.results import ResultsTable
+    from tests.test_reliability_round4_outputs import demo_runs, report, script, small_task
+
+    runs = demo_runs(tmp_path)
+    results = next(runs.rglob("results.jsonl"))
+    whole = ResultsTable(results).rows()
+    results.write_text(results.read_text() + DEEP + "\n")
+    assert ResultsTable(results).rows() == whole
+    assert report(runs, "--out", str(tmp_path / "r.md")) == 0
+    assert "skipped 1 line(s) that are not result rows" in capsys.readouterr().err
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "done.json").write_text(DEEP)
+    with pytest.raises(UserError, match=r"done\.json is not valid JSON \(nested deeper than [\d,]+ levels"):
+        read_done(tmp_path / "run")
+    task, corpus = small_task(tmp_path)
+    with open(task / "test.de.jsonl", "a") as f:
+        f.write(DEEP + "\n")
+    rc, _, err = script("check_overlap.py", str(task), str(corpus))
+    assert rc == 2 and err.strip() == f"error: {task}/test.de.jsonl, line 3: invalid JSON (nested deeper than " \
+                                      f"{__import__('sys').getrecursionlimit():,} levels)", err
+
+
+def test_check_overlap_that_compared_nothing_says_so(tmp_path):
+    """``--min-chars`` above every text printed "0 of 0 examples (0.0%)", and a corpus directory without the task's
+    languages "no … file has a corpus" with exit 0: nothing compared, read as no overlap."""
+    from tests.test_reliability_round4_outputs import script, small_task
+
+    task, corpus = small_task(tmp_path)
+    rc, out, err = script("check_overlap.py", str(task), str(corpus), "--min-chars", "1000")
+    assert rc == 2 and out == "" and err.strip() == (
+        "error: no example of test.de.jsonl has a text of at least 1,000 characters in ['text'] (--min-chars): "
+        "nothing was compared; give a smaller --min-chars"), err
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "fr.txt").write_text("Bonjour.\n")
+    rc, out, err = script("check_overlap.py", str(task), str(tmp_path / "other"))
+    assert rc == 2 and err.strip() == (
+        f"error: no dev.L / test.L file of {task} (['test.de.jsonl']) has a corpus of its language "
+        f"{tmp_path / 'other'}/L.txt[.xz] (there: ['fr.txt']): nothing was compared"), err
+
+
+def test_build_wiki_topics_corpus_never_replaces_a_corpus_of_ones_own(tmp_path):
+    """``corpus --out`` a directory of one's own removed its en.txt (even when the build then failed for a missing
+    pool) and would replace its fr.txt and es.txt. Now nothing there is touched; its own earlier output is rebuilt."""
+    from tests.test_reliability_round4_outputs import script
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "en.txt").write_text("my own English\n")
+    (mine / "fr.txt").write_text("mon fran\u00e7ais\n")
+    before = tree(mine)
+    for task in (tmp_path / "notask", ROOT / "data" / "wiki_topics"):
+        rc, _, err = script("build_wiki_topics.py", "corpus", "--out", str(mine), "--task", str(task))
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and tree(mine) == before, err
+    assert f"--out {mine} holds files this command did not write (en.txt, fr.txt; no .build_wiki_topics)" in err
+    rc, out, err = script("build_wiki_topics.py", "corpus", "--out", str(tmp_path / "new"))
+    assert rc == 0, err
+    built = tree(tmp_path / "new")
+    assert sorted(built) == [".build_wiki_topics", "en.txt.xz", "es.txt", "fr.txt"]
+    rc, out, err = script("build_wiki_topics.py", "corpus", "--out", str(tmp_path / "new"))  # its own: rebuilt
+    assert rc == 0 and tree(tmp_path / "new") == built, err
+
+
+def test_a_bridge_refused_before_training_leaves_no_run_to_resume(tmp_path, capsys):
+    """An outside source of 1 layer under ``bridge.depth=1`` was a ValueError traceback from the surgery, after the
+    data was read (the configuration's check knows ``model.layers`` only). A bridge refused for its data ("no prepared
+    shards") left config.yaml behind: the next attempt with another setting was refused as "a run stopped before its
+    end that ran with other settings" (nothing had trained)."""
+    from tests.test_outside import write_gguf
+
+    def bridge(source: Path, *extra: str) -> int:
+        return main(["bridge", TINY_YAML, f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prep'}",
+                     "logging.wandb=disabled", "system=minipost", "model.mini_heads=[]", "model.family=decoder",
+                     "finetune.pool=last", f"bridge.source={source}", "data.seq_len=16", "--no-progress", *extra])
+
+    for d in ("one", "three"):
+        (tmp_path / d).mkdir()
+    one = write_gguf(tmp_path / "one" / "m.gguf", layers=1, tokenizer=True)
+    assert bridge(one, "bridge.depth=1") == 2
+    assert (f"bridge.depth=1: the source model {one} has 1 layer(s), and the mini-model keeps its layers "
+            f"1..bridge.depth below the top one: a mini-model needs a source of 2 layers or more") in one_error(capsys)
+    three = write_gguf(tmp_path / "three" / "m.gguf", layers=3, tokenizer=True)
+    assert bridge(three, "bridge.depth=3") == 2
+    said = one_error(capsys)
+    assert f"bridge.depth=3: the source model {three} has 3 layer(s)" in said and "set bridge.depth in 1..2" in said
+    run = tmp_path / "runs" / "tiny" / "minipost" / "bridge"
+    for depth in (1, 2):  # no shards: the same refusal each time, whatever the settings, and nothing left behind
+        assert bridge(three, f"bridge.depth={depth}") == 2
+        assert "no prepared shards in" in one_error(capsys)
+        assert not (run / "config.yaml").exists() and not (run / "inputs.json").exists()

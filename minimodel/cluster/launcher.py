@@ -33,6 +33,7 @@ from minimodel.pipeline import variants
 TRAINING_STAGES = ("pretrain", "bridge", "adapt")  # may span several GPUs / nodes (srun + DDP)
 TRAINER_STAGES = ("pretrain", "bridge", "adapt", "finetune")  # stages with a `{stage}.trainer` config
 MAX_TIME_DAYS = 365  # a time limit beyond a year is a typo (SLURM itself stores minutes in 32 bits)
+_MEM = re.compile(r"[0-9]+[KMGTkmgt]?")  # sbatch's --mem: a whole number, in megabytes or with a unit K, M, G, T
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a line break ends an #SBATCH line: what follows is no longer read
 
 
@@ -173,22 +174,33 @@ def _validate(c: LauncherConfig) -> None:
         if "=" not in kv or kv.startswith("-"):
             fail(f"trainer[{i}] must be key=value (a {{stage}}.trainer field such as precision=16-mixed), got {kv!r}")
     for f in fields(StageResources):
-        r: Resources = getattr(c.stages, f.name)
-        key = f"stages.{f.name}"
-        try:
-            parse_time(r.time)
-        except ValueError as e:
-            fail(f"{key}.time must be a quoted 'HH:MM:SS' or 'D-HH:MM:SS' (SLURM's time limit), got {r.time!r}: {e}")
-        if r.nodes < 1 or r.gpus_per_node < 0 or r.cpus_per_task < 1:
-            fail(f"{key}: nodes and cpus_per_task must be >= 1 and gpus_per_node >= 0")
-        if f.name not in TRAINING_STAGES and (r.nodes != 1 or r.gpus_per_node > 1):
-            fail(f"{key}: {f.name} runs one process: nodes must be 1 and gpus_per_node 0 or 1 "
-                 f"(got {r.nodes} x {r.gpus_per_node})")
-        if r.gpus_per_node == 0 and r.nodes != 1:
-            fail(f"{key}: a CPU-only step runs on one node (got nodes: {r.nodes})")
-        for i, opt in enumerate(r.extra_sbatch):
-            if not opt.startswith("-"):
-                fail(f"{key}.extra_sbatch[{i}] must be an sbatch option, got {opt!r}")
+        _validate_stage(c, f.name, getattr(c.stages, f.name), fail)
+
+
+def _validate_stage(c: LauncherConfig, stage: str, r: Resources, fail: Callable[[str], None]) -> None:
+    """One stage's resources: its time in SLURM's range and longer than ``signal_lead_s``, its counts, its memory."""
+    key = f"stages.{stage}"
+    try:
+        seconds = parse_time(r.time)
+    except ValueError as e:
+        fail(f"{key}.time must be a quoted 'HH:MM:SS' or 'D-HH:MM:SS' (SLURM's time limit), got {r.time!r}: {e}")
+    if c.signal_lead_s and seconds <= c.signal_lead_s:  # USR1 at the start: checkpoint and requeue, over and over
+        fail(f"{key}.time {r.time!r} ({seconds:,} s) is not longer than signal_lead_s ({c.signal_lead_s:,} s): "
+             f"SLURM would send USR1 (stop, checkpoint, requeue) as the job starts, so it would requeue without "
+             f"doing any work; give the stage more time, or a smaller signal_lead_s")
+    if r.mem and not _MEM.fullmatch(r.mem):
+        fail(f"{key}.mem must be sbatch's --mem: a whole number of megabytes or one with a unit K, M, G or T "
+             f"(e.g. '64G'; '0': all of the node's memory), got {r.mem!r}")
+    if r.nodes < 1 or r.gpus_per_node < 0 or r.cpus_per_task < 1:
+        fail(f"{key}: nodes and cpus_per_task must be >= 1 and gpus_per_node >= 0")
+    if stage not in TRAINING_STAGES and (r.nodes != 1 or r.gpus_per_node > 1):
+        fail(f"{key}: {stage} runs one process: nodes must be 1 and gpus_per_node 0 or 1 "
+             f"(got {r.nodes} x {r.gpus_per_node})")
+    if r.gpus_per_node == 0 and r.nodes != 1:
+        fail(f"{key}: a CPU-only step runs on one node (got nodes: {r.nodes})")
+    for i, opt in enumerate(r.extra_sbatch):
+        if not opt.startswith("-"):
+            fail(f"{key}.extra_sbatch[{i}] must be an sbatch option, got {opt!r}")
 
 
 def _no_control_characters(c: LauncherConfig, fail: Callable[[str], None]) -> None:

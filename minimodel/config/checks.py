@@ -148,6 +148,11 @@ def _validate_path_components(cfg: ExperimentConfig, fail: Any) -> None:
     check("lang", cfg.lang, "the adaptation run ({runs_dir}/{name}/{system}/adapt/{lang})", optional=True)
     for lang in cfg.target_langs:
         check("target_langs", lang, "a language's runs ({runs_dir}/{name}/{system}/adapt/{lang}) and prepared data")
+    for key, langs in [("target_langs", list(cfg.target_langs)),
+                       *[(f"tasks.{task}.langs", list(t.langs)) for task, t in cfg.tasks.items()]]:
+        twice = sorted({lang for lang in langs if langs.count(lang) > 1})
+        if twice:  # each language would be adapted (or evaluated) twice: two jobs on one run directory
+            fail(f"{key}={langs}: {', '.join(twice)} given more than once; name each language once")
     for task, t in cfg.tasks.items():
         check("tasks", task, "a task's finetuning runs ({runs_dir}/{name}/{system}/finetune/{task})")
         for lang in t.langs:

@@ -151,10 +151,37 @@ def _merge(base: DictConfig, fragment: DictConfig, source: str, error: type[Conf
         return OmegaConf.merge(base, fragment)  # type: ignore[return-value]
     except ConfigKeyError as e:
         raise error(f"{source}: unknown {noun} key '{e.full_key}'" + _hint(base, str(e.full_key))) from e
-    except ValidationError as e:
+    except (ValidationError, TypeError) as e:  # TypeError: a list merged into a mapping, or the reverse
+        key, clash = _clash(OmegaConf.to_container(base), OmegaConf.to_container(fragment))
+        named = getattr(e, "full_key", None)
+        if clash and (not named or named == key):  # (OmegaConf names no key for these, or only what it found)
+            raise error(f"{source}: bad value for '{key}': {clash}") from e
+        if isinstance(e, TypeError):
+            raise
         raise error(f"{source}: bad value for '{e.full_key}': {str(e.msg).splitlines()[0]}") from e
     except OmegaConfBaseException as e:
         raise error(f"{source}: {e}") from e
+
+
+def _kind(value: Any) -> str:
+    return "a mapping (key: value)" if isinstance(value, dict) else "a list" if isinstance(value, list) else "a value"
+
+
+def _clash(base: Any, fragment: Any, prefix: str = "") -> tuple[str, str]:
+    """The first key where ``base`` holds a mapping or a list and ``fragment`` gives another kind of value (a list
+    for a mapping, a number for a section: what OmegaConf's merge refuses without naming the key), and what is
+    wrong there; ("", "") if none."""
+    if not isinstance(base, dict) or not isinstance(fragment, dict):
+        return "", ""
+    for k, value in fragment.items():
+        held, key = base.get(k), f"{prefix}{k}"
+        if isinstance(held, dict) and isinstance(value, dict):
+            found = _clash(held, value, f"{key}.")
+            if found[0]:
+                return found
+        elif isinstance(held, (dict, list)) and value is not None and _kind(held) != _kind(value):
+            return key, f"it takes {_kind(held)}, got {_kind(value)} ({value!r})"
+    return "", ""
 
 
 def _hint(cfg: DictConfig, full_key: str) -> str:

@@ -161,7 +161,7 @@ def fasttext_flops(words: list[str], counts: list[int], dim: int, epochs: int, w
 def _read_cache(path: Path, key: str, dim: int) -> tuple[list[str], dict, np.ndarray] | None:
     meta = path.with_suffix(".json")
     try:
-        record = json.loads(meta.read_text(encoding="utf-8"))
+        record = atomic.loads(meta.read_text(encoding="utf-8"))
         vectors = np.load(path)
     except (OSError, ValueError):
         return None

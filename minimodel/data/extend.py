@@ -245,6 +245,6 @@ def extension_record(tokenizer: str | Path) -> Path:
 
 def read_extension(tokenizer: str | Path) -> dict[str, Any] | None:
     try:
-        return json.loads(extension_record(tokenizer).read_text(encoding="utf-8"))
+        return atomic.loads(extension_record(tokenizer).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None

@@ -8,7 +8,6 @@ so they never collide with SentencePiece shards of the same corpus."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -79,7 +78,7 @@ def is_prepared(cfg: ExperimentConfig, lang: str) -> bool:
     made with another tokenizer)."""
     paths = prepared_paths(cfg, lang)
     try:
-        recorded = json.loads(paths.done.read_text(encoding="utf-8"))
+        recorded = atomic.loads(paths.done.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     if not isinstance(recorded, dict) or recorded.get("settings") != prepare_settings(cfg, lang):
@@ -156,7 +155,7 @@ def check_same_corpus(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus:
     adaptations of this or another experiment (``models_from``) read them. Nothing is written; the message says how
     to prepare the new corpus apart."""
     try:
-        recorded = json.loads(paths.done.read_text(encoding="utf-8"))
+        recorded = atomic.loads(paths.done.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
     old = recorded.get("settings") if isinstance(recorded, dict) else None

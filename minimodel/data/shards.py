@@ -54,7 +54,7 @@ def read_manifest(out_dir: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
+        return atomic.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ShardError(f"{path} is corrupt ({e}); delete {out_dir} and run `minimodel prepare` again") from e
 

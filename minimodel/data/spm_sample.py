@@ -110,7 +110,7 @@ def _read_sample(path: Path, key: dict) -> list[str] | None:
     """The saved sample at ``path`` when it was drawn with ``key``'s settings, else None."""
     try:
         with open(path, encoding="utf-8") as f:
-            header = json.loads(f.readline().removeprefix(_SAMPLE_HEADER))
+            header = atomic.loads(f.readline().removeprefix(_SAMPLE_HEADER))
             if header.get("key") != key:
                 return None
             lines = f.read().split("\n")

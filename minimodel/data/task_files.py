@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from minimodel.errors import TaskDataError
+from minimodel.store import atomic
 
 EXTENSIONS = ("jsonl", "json", "parquet", "csv", "tsv")
 
@@ -137,7 +138,7 @@ def _duplicate_key(where: str, e: _DuplicateKey) -> TaskDataError:
 def json_object(text: str, where: str) -> dict[str, Any]:
     """``text`` as one JSON object (its keys unique); TaskDataError naming ``where`` otherwise."""
     try:
-        rec = json.loads(text, object_pairs_hook=_unique_keys)
+        rec = atomic.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise TaskDataError(f"{where}: invalid JSON ({e.msg})") from e
     except _DuplicateKey as e:
@@ -151,7 +152,7 @@ def _json_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """Records of a .json file: a list, ``{"data": list}``, or nested SQuAD (flattened to the hub schema)."""
     try:
         text = path.read_text(encoding="utf-8-sig")
-        data = json.loads(text, object_pairs_hook=_unique_keys) if text.strip() else []
+        data = atomic.loads(text, object_pairs_hook=_unique_keys) if text.strip() else []
     except json.JSONDecodeError as e:
         raise TaskDataError(f"{path}, line {e.lineno}: invalid JSON ({e.msg})") from e
     except _DuplicateKey as e:

@@ -70,6 +70,21 @@ def not_a_source(source: str, e: Exception) -> str:
             f"directory or hub id, or a GGUF file (*.gguf, in any case); {path.name} was left as it is")
 
 
+def check_depth(cfg: ExperimentConfig, layers: int, source: str) -> None:
+    """``bridge.depth`` (and, copying the top layers, ``bridge.layers``) against the layers the source model has,
+    which an outside model decides (the configuration's checks know ``model.layers`` only): a ``ConfigError`` before
+    anything is written."""
+    b = cfg.bridge
+    if not 1 <= b.depth < layers:
+        fit = f"set bridge.depth in 1..{layers - 1}" if layers > 1 else "a mini-model needs a source of 2 layers or more"
+        raise ConfigError(f"bridge.depth={b.depth}: the source model {source} has {layers} layer(s), and the "
+                          f"mini-model keeps its layers 1..bridge.depth below the top one: {fit}")
+    if b.init != "random" and b.depth + b.layers > layers:
+        raise ConfigError(f"bridge.init={b.init} copies the source's top bridge.layers={b.layers} layers above its "
+                          f"bottom bridge.depth={b.depth}, but the source model {source} has {layers} layer(s): "
+                          f"depth + layers must be at most {layers}")
+
+
 def fit_blocks(data: MLMDataModule, tokens: int) -> list[torch.Tensor]:
     """The first training blocks of ``data`` (unmasked token ids) that hold at least ``tokens`` tokens, in order."""
     train = data.train_set
@@ -118,6 +133,7 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
                                       f"(pretrain it first, or set bridge.source)")
         primary, trained_with = load_primary(r.primary, cfg.model.family, sequence_lengths(cfg, tasks=False),
                                              stage="pretrain" if plan.reads else "", runs_dir=cfg.runs_dir)
+        check_depth(cfg, primary.cfg.layers, r.primary)
         return primary, load_source_tokenizer(cfg, primary, f"bridge.source={r.primary}", trained_with)
 
     def build(inputs: tuple[RobertaMLM, AnyTokenizer]) -> Training:

@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -335,6 +336,16 @@ def rewrite_fd(fd: int, data: bytes, path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ a directory
+
+
+def loads(text: str | bytes, **kwargs: Any) -> Any:
+    """``json.loads``, where a text nested deeper than the parser goes (``[[[[...``: a ``RecursionError``) is
+    raised as the ``json.JSONDecodeError`` (a ``ValueError``) every reader of a damaged or crafted file handles."""
+    try:
+        return json.loads(text, **kwargs)
+    except RecursionError:
+        doc = text if isinstance(text, str) else text.decode("utf-8", errors="replace")
+        raise json.JSONDecodeError(f"nested deeper than {sys.getrecursionlimit():,} levels", doc, 0) from None
 
 
 def file_sha256(path: str | Path) -> str:

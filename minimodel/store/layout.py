@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minimodel.errors import UserError
+from minimodel.store import atomic
 
 if TYPE_CHECKING:
     from minimodel.config.schema import ExperimentConfig
@@ -175,7 +176,7 @@ def read_done(run_dir: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        info = atomic.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"{path} is not valid JSON ({e}); this file marks the stage run as finished: "
                         f"{_redo_done(run_dir)}") from e
@@ -218,7 +219,7 @@ def read_precision(run_dir: Path) -> str | None:
     if not path.is_file():
         return None
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        info = atomic.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"{path} is not valid JSON ({e}); it records the precision trainer.precision=auto chose when "
                         f"{run_dir} started: restore it, or delete {run_dir} to start the stage again") from e
@@ -233,7 +234,6 @@ def write_precision(run_dir: Path, configured: str, precision: str, why: str) ->
 
 
 def _write_json(path: Path, info: dict) -> None:
-    from minimodel.store import atomic
     atomic.write_json(path, info, default=str)
 
 

@@ -41,7 +41,7 @@ def _read_holder(fd: int) -> dict:
     os.lseek(fd, 0, os.SEEK_SET)
     raw = os.read(fd, 1 << 16)
     try:
-        holder = json.loads(raw) if raw.strip() else {}
+        holder = atomic.loads(raw) if raw.strip() else {}
     except ValueError:
         return {}
     return holder if isinstance(holder, dict) else {}

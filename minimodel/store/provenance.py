@@ -117,7 +117,7 @@ SOURCE_FILES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".ckpt")
 
 def _read_cache(path: Path) -> dict:
     try:
-        cache = json.loads(path.read_text(encoding="utf-8"))
+        cache = atomic.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # none yet, or damaged: hashed again (the cache only saves time)
         return {}
     return cache if isinstance(cache, dict) else {}
@@ -187,8 +187,8 @@ class Outside:
         shards = Path(self.where) / "shards"
         done = Path(self.where) / "done.json"
         try:
-            recorded = json.loads(done.read_text(encoding="utf-8"))
-            manifest = json.loads((shards / "manifest.json").read_text(encoding="utf-8"))
+            recorded = atomic.loads(done.read_text(encoding="utf-8"))
+            manifest = atomic.loads((shards / "manifest.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None  # not prepared: the stage that reads it says so
         if not isinstance(recorded, dict) or not isinstance(manifest, dict):
@@ -257,7 +257,7 @@ def recorded_inputs(run_dir: Path) -> dict[str, dict]:
     path = run_dir / INPUTS
     if path.is_file():
         try:
-            info = json.loads(path.read_text(encoding="utf-8"))
+            info = atomic.loads(path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise UserError(f"{path} is not valid JSON ({e}): delete {run_dir} to redo this stage") from e
         return info if isinstance(info, dict) else {}

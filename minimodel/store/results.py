@@ -49,7 +49,7 @@ def _whole_row(line: str) -> bool:
     """Whether a last line without its line end is nevertheless a whole result row (a file edited by hand), rather
     than one cut short by an interrupted write."""
     try:
-        return is_row(json.loads(line))
+        return is_row(atomic.loads(line))
     except json.JSONDecodeError:
         return False
 
@@ -74,7 +74,7 @@ class ResultsTable:
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
+                    row = atomic.loads(line)
                 except json.JSONDecodeError:
                     row = None
                 if not is_row(row):
@@ -132,7 +132,7 @@ class ResultsTable:
             kept, removed = [], 0
             for line in f.read().splitlines(keepends=True):
                 try:
-                    same = json.dumps(json.loads(line), sort_keys=True) in gone
+                    same = json.dumps(atomic.loads(line), sort_keys=True) in gone
                 except ValueError:
                     same = False
                 if same:
@@ -205,7 +205,7 @@ class ResultsTable:
         end = data.rfind(b"\n") + 1
         for line in data[:end].splitlines():
             try:
-                row = json.loads(line)
+                row = atomic.loads(line)
             except ValueError:
                 continue
             if is_row(row):

@@ -9,7 +9,6 @@ example is cut into windows over its context, which lose nothing. Nothing here i
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -76,7 +75,7 @@ def read_dir(system_dir: Path) -> list[Truncation]:
     out = []
     for path in sorted((system_dir / "truncation").glob("*/*.json")):
         try:
-            out.append(Truncation.from_dict(json.loads(path.read_text(encoding="utf-8"))))
+            out.append(Truncation.from_dict(atomic.loads(path.read_text(encoding="utf-8"))))
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
             log.warning(f"{path}: not a truncation record ({e}); the report leaves it out")
     return out

@@ -106,7 +106,7 @@ def measure(size: int = SIZE, rounds: int = ROUNDS, per_round: int = PER_ROUND) 
 
 def _read_cache(path: Path) -> dict:
     try:
-        cache = json.loads(path.read_text(encoding="utf-8"))
+        cache = atomic.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

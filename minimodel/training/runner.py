@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import Callback
 
 from minimodel.config.load import save_config
 from minimodel.config.schema import ExperimentConfig, OptimConfig, TrainerConfig
-from minimodel.errors import ConfigError
+from minimodel.errors import ConfigError, UserError
 from minimodel.flops import FlopSchedule
 from minimodel.log import bar_wanted, get_logger, process_rank, quiet_lightning
 from minimodel.store import atomic
@@ -32,6 +32,7 @@ from minimodel.store.identity import check_finished, started_precision
 from minimodel.store.layout import (
     CONFIG,
     DONE,
+    INPUTS,
     PRECISION,
     Layout,
     checkpoints,
@@ -162,6 +163,11 @@ RESUME_KEYS = ("global_step", "state_dict", "loops", "optimizer_states", "callba
 """What a full (resumable) Lightning checkpoint of a stage holds."""
 
 
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a training checkpoint (``last.ckpt`` or a step's), intact or not."""
+    return last_checkpoint(run_dir).exists() or any(checkpoints(run_dir).glob("step*.ckpt"))
+
+
 def resume_point(run_dir: Path) -> tuple[Path, int] | None:
     """The checkpoint to resume from and its update count, or None for a fresh run: ``last.ckpt``, or when it is
     missing, truncated or not resumable, the newest intact ``step{N}.ckpt`` (said in the log). A run with
@@ -245,8 +251,16 @@ class Runner(Generic[T]):
             raise ConfigError(f"{self.stage.name}: {self.stage.run_dir} belongs to experiment {self.cfg.models_from}, "
                               f"whose models this one reuses (models_from) and never writes to: run this step in "
                               f"that experiment")
-        with exclusive(self.stage.run_dir, f"stage {self.stage.name}"):
-            return self._run(progress_bar)
+        run_dir = self.stage.run_dir
+        with exclusive(run_dir, f"stage {self.stage.name}"):
+            fresh = not (run_dir / CONFIG).is_file() and not has_checkpoint(run_dir)  # no earlier attempt here
+            try:
+                return self._run(progress_bar)
+            except UserError:  # refused before its first checkpoint (no prepared shards, ...): what this attempt
+                if fresh and process_rank() == 0 and not has_checkpoint(run_dir):  # recorded goes, else the next
+                    for name in (CONFIG, INPUTS, PRECISION):  # is taken for a run stopped before its end
+                        (run_dir / name).unlink(missing_ok=True)
+                raise
 
     def _finished(self) -> StageResult | None:
         """The result of a finished run this configuration's (skipped), None when there is none to skip: not finished,
