@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_recipe.py layers               # minimodel layers' table (N = 1..30), seconds
     .venv/bin/python benchmarks/bench_recipe.py step0                # every bridge.init's step-0 loss (N = 10, 12)
     .venv/bin/python benchmarks/bench_recipe.py bridge --runs affine:distill,affine:lm,random:lm [--updates 1000]
+    .venv/bin/python benchmarks/bench_recipe.py independent --depth 12 --runs affine:distill  # a finished bridge's gap
     .venv/bin/python benchmarks/bench_recipe.py init --langs fr,ru --inits mean,overlap,random   # step 2's step 0
     .venv/bin/python benchmarks/bench_recipe.py embeddings --langs fr,ru [--updates 500]
 
@@ -152,6 +153,50 @@ def part_bridge(args: argparse.Namespace) -> None:
               + f" (SmolLM2 {info['source_loss']:.3f}); {seconds:.0f} s", flush=True)
 
 
+def part_independent(args: argparse.Namespace) -> None:
+    """The finished bridges' gap to SmolLM2 on English text that neither step 1b nor its validation read (SIB-200's
+    English sentences, every split, joined by line breaks into blocks of ``data.seq_len`` tokens): a learning rate
+    chosen on the validation blocks is then read on other text."""
+    from minimodel.data.mlm import mlm_datamodule
+    from minimodel.data.prepare import load_source_tokenizer
+    from minimodel.models.bridge_init import mean_lm_loss
+    from minimodel.models.surgery import build_minipost
+    from minimodel.stages.bridge import fit_bridge_map, load_primary
+    from minimodel.store.checkpoints import load_final_model
+    from minimodel.store.layout import last_checkpoint
+
+    text = "\n".join(json.loads(line)["text"] for split in ("train", "dev", "test.en")
+                     for line in (ROOT / "data" / "sib200" / f"{split}.jsonl").read_text().splitlines())
+    out = json.loads(args.json.read_text()).get("independent", {}) if args.json.exists() else {}
+    for spec in args.runs:
+        init, objective = spec.split(":")
+        name = f"recipe-N{args.depth}-{init}-{objective}{_suffix(args, '-')}"
+        cfg = config(args.runs_dir, name, f"bridge.init={init}", f"bridge.objective={objective}",
+                     f"bridge.depth={args.depth}", f"bridge.layers={args.bridge_layers}", *args.override)
+        smollm2, trained_with = load_primary(cfg.bridge.source, cfg.model.family, runs_dir=str(cfg.runs_dir))
+        ids = load_source_tokenizer(cfg, smollm2, cfg.bridge.source, trained_with).encode_one(text)
+        n = cfg.data.seq_len
+        blocks = [torch.tensor(ids[i:i + n]) for i in range(0, len(ids) - n + 1, n)]
+        labels = [torch.cat([b[1:], torch.tensor([-100])]) for b in blocks]  # the next token; none after the last
+        mini, _ = load_final_model(last_checkpoint(args.runs_dir / name / "minipost" / "bridge"), "bridge")
+        # the same mini-model before any update (its map fitted as the stage fits it, on the bundled English)
+        data = mlm_datamodule(cfg, "en", cfg.bridge.optim, cfg.bridge.trainer.seed,
+                              load_source_tokenizer(cfg, smollm2, cfg.bridge.source, trained_with))
+        data.setup()
+        fit = fit_bridge_map(cfg, smollm2, data) if init == "affine" else None
+        step0 = build_minipost(smollm2, args.depth, args.bridge_layers, seed=cfg.bridge.trainer.seed, init=init,
+                               affine=(fit.weight, fit.bias) if fit else None)
+        row = {"text": "data/sib200 en (train, dev, test)", "blocks": len(blocks), "tokens": len(blocks) * n,
+               "mini_loss": mean_lm_loss(mini, blocks, labels), "source_loss": mean_lm_loss(smollm2, blocks, labels),
+               "step0_loss": mean_lm_loss(step0, blocks, labels)}
+        row["gap"], row["step0_gap"] = row["mini_loss"] - row["source_loss"], row["step0_loss"] - row["source_loss"]
+        out[f"N{args.depth}/{init}:{objective}{_suffix(args, '@')}"] = row
+        print(f"{name}: {row['mini_loss']:.3f} (step 0: {row['step0_loss']:.3f}) against SmolLM2's "
+              f"{row['source_loss']:.3f} (gap {row['gap']:.3f}) "
+              f"on {len(blocks)} blocks of SIB-200's English", flush=True)
+    update_json(args.json, "independent", out)
+
+
 # ------------------------------------------------------------------------------------------- (b) the embeddings
 
 
@@ -259,7 +304,7 @@ def part_embeddings(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("part", choices=("layers", "step0", "bridge", "init", "embeddings"))
+    p.add_argument("part", choices=("layers", "step0", "bridge", "independent", "init", "embeddings"))
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     p.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "recipe_bench")
     p.add_argument("--bridge-layers", type=int, default=2)
@@ -288,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         update_json(args.json, "step0", part_step0(args))
     elif args.part == "bridge":
         part_bridge(args)
+    elif args.part == "independent":
+        part_independent(args)
     elif args.part == "init":
         part_init(args)
     else:
