@@ -459,6 +459,26 @@ def test_build_wiki_topics_corpus_never_replaces_a_corpus_of_ones_own(tmp_path):
     assert rc == 0 and tree(tmp_path / "new") == built, err
 
 
+def test_build_wiki_topics_task_never_replaces_a_folder_of_ones_own(tmp_path):
+    """``task --out`` a folder of one's own would have replaced its train.jsonl (and any dev/test of the task's
+    names); now refused before the wheel is fetched, nothing touched. The committed task (its own output) passes."""
+    from tests.test_reliability_round4_outputs import script
+    from tests.test_wiki_topics import _script
+
+    check_task_out = _script().check_task_out
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "train.jsonl").write_text('{"text": "mine", "label": "a"}\n')
+    before = tree(mine)
+    rc, _, err = script("build_wiki_topics.py", "task", "--out", str(mine), "--cache", str(tmp_path / "cache"))
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and tree(mine) == before, err
+    assert f"--out {mine} holds files this command did not write (train.jsonl; no SOURCES.md of this script)" in err
+    assert not (tmp_path / "cache").exists()  # refused before anything was fetched
+    check_task_out(ROOT / "data" / "wiki_topics")  # its own earlier output: may be rebuilt
+    check_task_out(tmp_path / "new")
+
+
 def test_a_bridge_refused_before_training_leaves_no_run_to_resume(tmp_path, capsys):
     """An outside source of 1 layer under ``bridge.depth=1`` was a ValueError traceback from the surgery, after the
     data was read (the configuration's check knows ``model.layers`` only). A bridge refused for its data ("no prepared
