@@ -115,8 +115,9 @@ def _check_out(out: Path, force: bool) -> bool:
         try:
             first.mkdir()
             first.rmdir()
-        except OSError as e:
-            raise ConfigError(f"--out {out}: cannot make {first} ({e.strerror or e}): choose another --out") from None
+        except OSError as e:  # a full, read-only or forbidden disk is said as every write says it
+            raise atomic.disk_error(e, first) or ConfigError(
+                f"--out {out}: cannot make {first} ({e.strerror or e}): choose another --out") from None
     if out.exists() and any(out.iterdir()):
         if not force:
             raise ConfigError(f"--out {out} exists and is not empty: choose another directory (or --force to "
