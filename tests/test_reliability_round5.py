@@ -365,6 +365,9 @@ def test_a_language_given_twice_is_refused(capsys, override, key):
     # a --mem sbatch refuses: the jobs before it were submitted, then sbatch failed (a chain half queued)
     ('pretrain: {time: "04:00:00", mem: "lots"}', "stages.pretrain.mem must be sbatch's --mem: a whole number of "
                                                   "megabytes or one with a unit K, M, G or T (e.g. '64G'"),
+    # a typo's 10**9 CPUs passed the dry run; sbatch would refuse it after the jobs before it were queued
+    ('pretrain: {time: "04:00:00", cpus_per_task: 1000000000}', "stages.pretrain: cpus_per_task 1,000,000,000, "
+                                                                "gpus_per_node 1, nodes 1: at most 1,024 CPUs per task"),
 ])
 def test_a_launcher_time_within_the_signal_lead_or_a_bad_mem_is_refused_at_load(tmp_path, capsys, stage, message):
     path = tmp_path / "bad.yaml"

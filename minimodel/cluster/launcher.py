@@ -135,6 +135,10 @@ class LauncherConfig:
         return getattr(self.stages, stage)
 
 
+MAX_CPUS_PER_TASK, MAX_GPUS_PER_NODE, MAX_NODES = 1024, 16, 1024
+"""Bounds of a launcher's resources, far above any node of today's clusters: a typo's 10**9 is refused at load."""
+
+
 def launcher_path(launcher: str | Path, config: str | Path) -> Path:
     """A launcher name (``conf/launcher/{name}.yaml`` next to the experiment's folder) or a YAML path."""
     s = str(launcher)
@@ -193,6 +197,10 @@ def _validate_stage(c: LauncherConfig, stage: str, r: Resources, fail: Callable[
              f"(e.g. '64G'; '0': all of the node's memory), got {r.mem!r}")
     if r.nodes < 1 or r.gpus_per_node < 0 or r.cpus_per_task < 1:
         fail(f"{key}: nodes and cpus_per_task must be >= 1 and gpus_per_node >= 0")
+    if r.cpus_per_task > MAX_CPUS_PER_TASK or r.gpus_per_node > MAX_GPUS_PER_NODE or r.nodes > MAX_NODES:
+        fail(f"{key}: cpus_per_task {r.cpus_per_task:,}, gpus_per_node {r.gpus_per_node:,}, nodes {r.nodes:,}: at most "
+             f"{MAX_CPUS_PER_TASK:,} CPUs per task, {MAX_GPUS_PER_NODE} GPUs per node and {MAX_NODES:,} nodes (more "
+             f"than any node or job sbatch would place; it would refuse the job after the ones before it were queued)")
     if stage not in TRAINING_STAGES and (r.nodes != 1 or r.gpus_per_node > 1):
         fail(f"{key}: {stage} runs one process: nodes must be 1 and gpus_per_node 0 or 1 "
              f"(got {r.nodes} x {r.gpus_per_node})")
