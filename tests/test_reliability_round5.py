@@ -509,3 +509,19 @@ def test_a_bridge_refused_before_training_leaves_no_run_to_resume(tmp_path, caps
         assert bridge(three, f"bridge.depth={depth}") == 2
         assert "no prepared shards in" in one_error(capsys)
         assert not (run / "config.yaml").exists() and not (run / "inputs.json").exists()
+
+
+def test_the_final_checkpoint_advice_never_says_to_delete_a_directory(tmp_path):
+    """``load_final_model`` given a run directory instead of its ``last.ckpt`` said "delete <the run directory> and
+    rerun": followed, a whole run gone. Now it names the file it wants and deletes nothing."""
+    from minimodel.errors import CheckpointError
+    from minimodel.store.checkpoints import load_final_model, rebuild_advice
+
+    run = tmp_path / "bridge"
+    run.mkdir()
+    (run / "metrics.csv").write_text("step\n")
+    with pytest.raises(CheckpointError) as e:
+        load_final_model(run, "bridge")
+    assert "delete" not in str(e.value) and f"{run} is a directory, not the final checkpoint file" in str(e.value)
+    assert (run / "metrics.csv").exists()
+    assert rebuild_advice(run / "last.ckpt", "bridge").startswith(f"{run / 'last.ckpt'} is the final checkpoint")

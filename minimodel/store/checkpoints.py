@@ -264,6 +264,9 @@ def rebuild_advice(path: Path, stage: str) -> str:
     rerunning the stage rebuilds a missing or cut one from the run's newest intact step checkpoint, exactly (the same
     weights and identity: nothing built on it is redone); one damaged in place is deleted first, so that the rerun
     sees it missing (minimodel wrote it: nothing of the user's is lost)."""
+    if path.is_dir():  # never "delete" a directory: a caller gave the run (or another folder), not its checkpoint
+        return (f"{path} is a directory, not the final checkpoint file of a {stage} run (its "
+                f"checkpoints/last.ckpt): give that file")
     rerun = (f"rerun `minimodel {stage} ...` with this configuration: it rebuilds {path.name} from the run's newest "
              f"intact step checkpoint, exactly (the same weights and identity, so nothing built on it is redone), "
              f"then rerun this step")
