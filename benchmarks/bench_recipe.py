@@ -88,6 +88,14 @@ def _suffix(args: argparse.Namespace, sep: str) -> str:
     return f"{sep}{args.tag}" if args.tag else ""
 
 
+def bridge_run(args: argparse.Namespace, init: str, objective: str, *extra: str) -> tuple[str, ExperimentConfig]:
+    """Part (a)'s bridge run of (``init``, ``objective``) at ``--depth``: its experiment name and configuration (part
+    (b)'s step 2 and the ``independent`` check read the same run)."""
+    name = f"recipe-N{args.depth}-{init}-{objective}{_suffix(args, '-')}"
+    return name, config(args.runs_dir, name, f"bridge.init={init}", f"bridge.objective={objective}",
+                        f"bridge.depth={args.depth}", f"bridge.layers={args.bridge_layers}", *extra, *args.override)
+
+
 def part_layers(args: argparse.Namespace) -> dict:
     from minimodel.stages.layers import layer_rows
 
@@ -128,10 +136,7 @@ def part_bridge(args: argparse.Namespace) -> None:
 
     for spec in args.runs:
         init, objective = spec.split(":")
-        name = f"recipe-N{args.depth}-{init}-{objective}{_suffix(args, '-')}"
-        cfg = config(args.runs_dir, name, f"bridge.init={init}", f"bridge.objective={objective}",
-                     f"bridge.depth={args.depth}", f"bridge.layers={args.bridge_layers}",
-                     f"bridge.optim.updates={args.updates}", *args.override)
+        name, cfg = bridge_run(args, init, objective, f"bridge.optim.updates={args.updates}")
         start = time.perf_counter()
         result = run_bridge(cfg, progress_bar=False)
         seconds = time.perf_counter() - start
@@ -168,26 +173,25 @@ def part_independent(args: argparse.Namespace) -> None:
     text = "\n".join(json.loads(line)["text"] for split in ("train", "dev", "test.en")
                      for line in (ROOT / "data" / "sib200" / f"{split}.jsonl").read_text().splitlines())
     out = json.loads(args.json.read_text()).get("independent", {}) if args.json.exists() else {}
+    _, base = bridge_run(args, *args.runs[0].split(":"))  # SmolLM2, its tokenizer and the blocks: the same for every run
+    smollm2, trained_with = load_primary(base.bridge.source, base.model.family, runs_dir=str(base.runs_dir))
+    own = load_source_tokenizer(base, smollm2, base.bridge.source, trained_with)
+    ids, n = own.encode_one(text), base.data.seq_len
+    blocks = [torch.tensor(ids[i:i + n]) for i in range(0, len(ids) - n + 1, n)]
+    labels = [torch.cat([b[1:], torch.tensor([-100])]) for b in blocks]  # the next token; none after the last
+    source_loss = mean_lm_loss(smollm2, blocks, labels)
     for spec in args.runs:
         init, objective = spec.split(":")
-        name = f"recipe-N{args.depth}-{init}-{objective}{_suffix(args, '-')}"
-        cfg = config(args.runs_dir, name, f"bridge.init={init}", f"bridge.objective={objective}",
-                     f"bridge.depth={args.depth}", f"bridge.layers={args.bridge_layers}", *args.override)
-        smollm2, trained_with = load_primary(cfg.bridge.source, cfg.model.family, runs_dir=str(cfg.runs_dir))
-        ids = load_source_tokenizer(cfg, smollm2, cfg.bridge.source, trained_with).encode_one(text)
-        n = cfg.data.seq_len
-        blocks = [torch.tensor(ids[i:i + n]) for i in range(0, len(ids) - n + 1, n)]
-        labels = [torch.cat([b[1:], torch.tensor([-100])]) for b in blocks]  # the next token; none after the last
+        name, cfg = bridge_run(args, init, objective)
         mini, _ = load_final_model(last_checkpoint(args.runs_dir / name / "minipost" / "bridge"), "bridge")
         # the same mini-model before any update (its map fitted as the stage fits it, on the bundled English)
-        data = mlm_datamodule(cfg, "en", cfg.bridge.optim, cfg.bridge.trainer.seed,
-                              load_source_tokenizer(cfg, smollm2, cfg.bridge.source, trained_with))
+        data = mlm_datamodule(cfg, "en", cfg.bridge.optim, cfg.bridge.trainer.seed, own)
         data.setup()
         fit = fit_bridge_map(cfg, smollm2, data) if init == "affine" else None
         step0 = build_minipost(smollm2, args.depth, args.bridge_layers, seed=cfg.bridge.trainer.seed, init=init,
                                affine=(fit.weight, fit.bias) if fit else None)
         row = {"text": "data/sib200 en (train, dev, test)", "blocks": len(blocks), "tokens": len(blocks) * n,
-               "mini_loss": mean_lm_loss(mini, blocks, labels), "source_loss": mean_lm_loss(smollm2, blocks, labels),
+               "mini_loss": mean_lm_loss(mini, blocks, labels), "source_loss": source_loss,
                "step0_loss": mean_lm_loss(step0, blocks, labels)}
         row["gap"], row["step0_gap"] = row["mini_loss"] - row["source_loss"], row["step0_loss"] - row["source_loss"]
         out[f"N{args.depth}/{init}:{objective}{_suffix(args, '@')}"] = row
@@ -255,10 +259,8 @@ def part_embeddings(args: argparse.Namespace) -> None:
     from minimodel.store.checkpoints import load_adaptation
     from minimodel.store.layout import adaptation_checkpoints
 
-    name = f"recipe-N{args.depth}-{args.bridge_recipe.replace(':', '-')}{_suffix(args, '-')}"  # part (a)'s mini-model
-    bridge = [f"bridge.depth={args.depth}", f"bridge.layers={args.bridge_layers}",
-              *(f"bridge.{k}={v}" for k, v in zip(("init", "objective"), args.bridge_recipe.split(":")))]
-    base = config(args.runs_dir, name, *bridge, *args.override)
+    bridge_init, objective = args.bridge_recipe.split(":")
+    name, base = bridge_run(args, bridge_init, objective)  # part (a)'s mini-model
     smollm2, trained_with = load_primary(base.bridge.source, base.model.family, runs_dir=str(base.runs_dir))
     own = load_source_tokenizer(base, smollm2, base.bridge.source, trained_with)
     window = base.data.seq_len
@@ -276,9 +278,10 @@ def part_embeddings(args: argparse.Namespace) -> None:
             variant = "" if vocabulary == "replace" else f"{vocabulary}/"
             for system in args.systems:
                 for init in args.inits:
-                    cfg = config(args.runs_dir, name, f"system={system}", f"lang={lang}", f"adapt.init={init}",
-                                 f"adapt.vocabulary={vocabulary}", f"adapt.tag={variant.replace('/', '-')}{init}",
-                                 f"adapt.optim.updates={args.adapt_updates}", *bridge, *args.override)
+                    _, cfg = bridge_run(args, bridge_init, objective, f"system={system}", f"lang={lang}",
+                                        f"adapt.init={init}", f"adapt.vocabulary={vocabulary}",
+                                        f"adapt.tag={variant.replace('/', '-')}{init}",
+                                        f"adapt.optim.updates={args.adapt_updates}")
                     target = load_prepared_tokenizer(cfg, lang)  # extend: SmolLM2's pieces plus the target's new ones
                     start = time.perf_counter()
                     result = run_adapt(cfg, progress_bar=False)

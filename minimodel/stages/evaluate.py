@@ -97,9 +97,10 @@ def task_of(cfg: ExperimentConfig, task: str, finetuned: Finetuned, where: Path)
     return data
 
 
-def check_train_sha(data: TaskData, then: str, where: Path) -> str:
-    """The train file's sha256 now; a ``TaskDataError`` when the model ``where`` was finetuned on other bytes."""
-    now = data.train_sha256()
+def check_train_sha(data: TaskData, then: str, where: Path, now: str | None = None) -> str:
+    """The train file's sha256 now (``now``, when the caller hashed it already); a ``TaskDataError`` when the model
+    ``where`` was finetuned on other bytes."""
+    now = data.train_sha256() if now is None else now
     if then and now and then != now:
         raise TaskDataError(
             f"tasks.{data.name}: {data.train_file()} changed since {where} was finetuned on it (sha256 "
@@ -112,12 +113,14 @@ def check_train_files(cfg: ExperimentConfig, plan: StagePlan, tasks: list[str], 
     """Before any row is skipped as done: a finished finetuning whose train file changed since is an error, even when
     every row it would give is in results.jsonl already (they would be rows of a model of another task's data)."""
     for task in tasks:
-        for seed in seeds:
-            for body in plan.bodies:
-                run_dir = plan.runs.finetune(task, seed, body)
-                then = (read_done(run_dir) or {}).get("train_sha256")
-                if then:
-                    check_train_sha(TaskData(task, cfg.tasks[task]), then, finetuned_model(run_dir))
+        runs = [plan.runs.finetune(task, seed, body) for seed in seeds for body in plan.bodies]
+        recorded = [(run, (read_done(run) or {}).get("train_sha256")) for run in runs]
+        recorded = [(run, then) for run, then in recorded if then]
+        if recorded:  # the file is read and hashed once per task
+            data = TaskData(task, cfg.tasks[task])
+            now = data.train_sha256()
+            for run, then in recorded:
+                check_train_sha(data, then, finetuned_model(run), now)
 
 
 @dataclass
