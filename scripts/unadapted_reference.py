@@ -32,6 +32,7 @@ from minimodel.experiment import load_experiment
 from minimodel.metrics import classification_scores
 from minimodel.models.families import causal
 from minimodel.models.families import of as family_of
+from minimodel.pipeline import variants
 from minimodel.stages.bridge import load_primary
 from minimodel.stages.evaluate import device_for, task_of
 from minimodel.stages.perplexity import held_out_texts, loss_per_char
@@ -55,7 +56,8 @@ def main() -> None:
     tok = HFTokenizer(plan.tokenizer, causal=causal(cfg.model), runs_dir=cfg.runs_dir)
     device, r = device_for(cfg), plan.runs
     splits = ["dev", "test"] if cfg.evaluate.dev else ["test"]
-    per_char = source_loss_per_char(cfg, plan, tok, device)
+    text_cfg, text_of = held_out_config(cfg, args.experiment, args.overrides)
+    per_char = source_loss_per_char(text_cfg, plan, tok, device)
     rows = []
     for task in cfg.finetune.tasks:
         rows += bag_of_words_rows(cfg, task, splits)
@@ -73,7 +75,8 @@ def main() -> None:
                 if lang in per_char:
                     scores["loss_per_char"] = per_char[lang]
                 base = {"system": "unadapted", "task": task, "lang": lang, "seed": seed, "split": split,
-                        "tokenizer": tok.path, "truncated": cut or 0, "examples": len(records)}
+                        "tokenizer": tok.path, "truncated": cut or 0, "examples": len(records),
+                        **({"held_out_text": text_of} if lang in per_char else {})}
                 rows += [{**base, "metric": m, "value": v} for m, v in scores.items() if not m.startswith("confusion")]
                 print(f"{task} seed {seed} {lang} {split}: accuracy {scores.get('accuracy', float('nan')):.1f}, macro-F1 "
                       f"{scores.get('macro_f1', float('nan')):.1f} ({len(records)} examples, {cut or 0} cut to "
@@ -81,6 +84,20 @@ def main() -> None:
     out = Path(args.out or r.layout.root / "unadapted.jsonl")
     atomic.write_jsonl(out, rows)
     print(json.dumps({"out": str(out), "rows": len(rows)}))
+
+
+def held_out_config(cfg: ExperimentConfig, experiment: str, overrides: list[str]) -> tuple[ExperimentConfig, str]:
+    """The configuration whose held-out text the source model's loss per character reads, and the row it belongs to:
+    the sweep's first row (the held-out blocks are its vocabulary's: a study whose rows all extend the source's
+    vocabulary prepares no replaced one, and the blocks of two tokenizers do not hold the same text), or the
+    experiment's own where it has no sweep."""
+    rows = variants(experiment, overrides)
+    if not rows:
+        return cfg, stage_plan(cfg, "adapt").runs.label
+    first = rows[0]
+    print(f"loss per character on the held-out text of {first.label}'s vocabulary "
+          f"(adapt.vocabulary={first.cfg.adapt.vocabulary})", flush=True)
+    return first.cfg, first.label
 
 
 def source_loss_per_char(cfg: ExperimentConfig, plan: StagePlan, tok: HFTokenizer, device: torch.device
