@@ -1,4 +1,4 @@
-"""docs/results.md, docs/decoder/results.md, docs/real/results.md, docs/real/fr/results.md and docs/real/sib200's two
+"""docs/results.md, docs/decoder/results.md, docs/real/results.md, docs/real/fr/results.md and docs/real/sib200's four
 reports are exactly what `minimodel report` makes of the committed study results (docs/results/)."""
 
 from __future__ import annotations
@@ -14,12 +14,16 @@ from tests.conftest import ROOT
 
 RESULTS = ROOT / "docs" / "results"
 RECIPE_PAIR = "report.systems={bl_base@mean: bl_base, minipost-recipe@mean: minipost}"
+LATIN_PAIR = "report.systems={bl_base@extend-mean: bl_base, minipost-recipe@extend-mean: minipost}"  # the Makefile's
 DOCS = [("study", "study_beyond.yaml", "results.md", "lohelp", ()),
         ("study_decoder", "study_decoder.yaml", "decoder/results.md", "lohelp", ()),
         ("study_real", "study_real.yaml", "real/results.md", "wiki_topics", ()),
         ("study_real_fr", "study_real_fr.yaml", "real/fr/results.md", "wiki_topics", ()),
         ("study_sib200", "study_sib200.yaml", "real/sib200/results.md", "sib200", ()),
-        ("study_sib200", "study_sib200.yaml", "real/sib200/recipe/results.md", "sib200", (RECIPE_PAIR,))]
+        ("study_sib200", "study_sib200.yaml", "real/sib200/recipe/results.md", "sib200", (RECIPE_PAIR,)),
+        ("study_sib200_latin", "study_sib200_latin.yaml", "real/sib200/latin/results.md", "sib200", ()),
+        ("study_sib200_latin", "study_sib200_latin.yaml", "real/sib200/latin/recipe/results.md", "sib200",
+         (LATIN_PAIR,))]
 
 
 @pytest.mark.parametrize("study,experiment,doc,task,overrides", DOCS)
