@@ -183,7 +183,7 @@ results-sib200: setup
 	$(MM) report experiments/study_sib200.yaml runs_dir=docs/results $(RECIPE_PAIR) --out docs/real/sib200/recipe/results.md
 
 # its second run (issue 53): French, Spanish and German, the recipe's rows with issue 52's extended vocabulary, then
-# the paper's rows (docs/real/sib200.md); about 3 hours of a 2-core CPU. Then make results-sib200-latin
+# the paper's rows (docs/real/sib200.md); about 2 hours of a 2-core CPU. Then make results-sib200-latin
 study-sib200-latin: smollm2 sib200-corpus
 	$(MM) run experiments/study_sib200_latin.yaml $(OVERRIDES)
 	$(BIN)/python scripts/unadapted_reference.py experiments/study_sib200_latin.yaml tasks.sib200.max_len=512
