@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import lzma
 import os
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -146,3 +147,14 @@ def tiny_finetuned(tmp_path_factory: pytest.TempPathFactory, prepared: Path, cor
     run_evaluate(cfg, progress=False)
     args = [str(ROOT / "experiments" / "tiny.yaml"), *tiny_overrides(tmp, corpus_dir, prepared), *extra]
     return tmp, cfg, args
+
+
+def small_task(task: Path, out: Path, lines: int) -> Path:
+    """A local task (``task``: a directory of JSONL splits) with its whole English train file (the label set is the
+    train file's) and the first ``lines`` records of its English and French dev and test files, written to ``out``."""
+    out.mkdir(parents=True)
+    shutil.copy(task / "train.jsonl", out / "train.jsonl")
+    for name in ("dev.jsonl", "dev.fr.jsonl", "test.en.jsonl", "test.fr.jsonl"):
+        with open(task / name, encoding="utf-8") as f:
+            (out / name).write_text("".join(f.readline() for _ in range(lines)), encoding="utf-8")
+    return out

@@ -18,7 +18,6 @@ import json
 import lzma
 import math
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from minimodel.data.tokenizer import HFTokenizer  # noqa: E402
 from minimodel.models.decoder import DecoderLM  # noqa: E402
 from minimodel.models.hf_decoder import from_hf  # noqa: E402
 from minimodel.stages.bridge import load_primary  # noqa: E402
-from tests.conftest import DEMO_CORPUS, ROOT, stage_overrides  # noqa: E402
+from tests.conftest import DEMO_CORPUS, ROOT, small_task, stage_overrides  # noqa: E402
 
 pytestmark = pytest.mark.slow
 EXPERIMENT = str(ROOT / "experiments" / "study_real.yaml")
@@ -175,17 +174,6 @@ def test_english_perplexity_equals_transformers_and_is_sane(loaded):
 # experiments/study_real_gpu.yaml rehearsed on the CPU at a tiny size, both systems, and the exports
 
 
-def small_wiki_topics(out: Path, lines: int = 20) -> Path:
-    """wiki_topics with its whole English train file (the label set is the train file's) and ``lines`` records of
-    every other split read here."""
-    out.mkdir(parents=True)
-    shutil.copy(WIKI_TOPICS / "train.jsonl", out / "train.jsonl")
-    for name in ("dev.jsonl", "dev.fr.jsonl", "test.en.jsonl", "test.fr.jsonl"):
-        with open(WIKI_TOPICS / name, encoding="utf-8") as f:
-            (out / name).write_text("".join(f.readline() for _ in range(lines)), encoding="utf-8")
-    return out
-
-
 @dataclass
 class Chain:
     tmp: Path
@@ -214,7 +202,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Chain:
             *stage_overrides(["bridge", "adapt"], global_batch=4, micro_batch=4, warmup_updates=1, log_every=1),
             *stage_overrides(["bridge"], updates=2, ckpt_every=2, val_every=2),
             *stage_overrides(["adapt"], updates=4, ckpt_every=4, val_every=4, ckpt_steps=[1, 2]),
-            f"tasks.wiki_topics.source={small_wiki_topics(tmp / 'wiki_topics')}",
+            f"tasks.wiki_topics.source={small_task(WIKI_TOPICS, tmp / 'wiki_topics', 20)}",
             "tasks.wiki_topics.max_train_examples=16", "tasks.wiki_topics.max_len=32",
             "finetune.seeds=[1]", "finetune.batch_size=8", "finetune.micro_batch=8"]
     assert main(["run", GPU_EXPERIMENT, *args, "--no-progress"]) == 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from minimodel.experiment import load_experiment  # noqa: E402
 from minimodel.store.checkpoints import load_adaptation  # noqa: E402
 from minimodel.store.layout import adaptation_checkpoints  # noqa: E402
 from minimodel.systems import stage_plan  # noqa: E402
-from tests.conftest import DEMO_CORPUS, ROOT, stage_overrides  # noqa: E402
+from tests.conftest import DEMO_CORPUS, ROOT, small_task, stage_overrides  # noqa: E402
 from tests.test_smollm2 import smollm2  # noqa: E402,F401  (the fixture: the GGUF, fetched once)
 
 pytestmark = pytest.mark.slow
@@ -32,17 +31,6 @@ LATIN = ROOT / "experiments" / "study_sib200_latin.yaml"
 SIB200 = ROOT / "data" / "sib200"
 ROWS = ("bl_base@extend-mean", "minipost-recipe@extend-mean")
 PAIR = "report.systems={bl_base@extend-mean: bl_base, minipost-recipe@extend-mean: minipost}"  # the Makefile's
-
-
-def small_sib200(out: Path, lines: int = 14) -> Path:
-    """The task with its whole English train file (the label set is the train file's) and ``lines`` records of each
-    English and French dev and test file."""
-    out.mkdir(parents=True)
-    shutil.copy(SIB200 / "train.jsonl", out / "train.jsonl")
-    for name in ("dev.jsonl", "dev.fr.jsonl", "test.en.jsonl", "test.fr.jsonl"):
-        with open(SIB200 / name, encoding="utf-8") as f:
-            (out / name).write_text("".join(f.readline() for _ in range(lines)), encoding="utf-8")
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +45,7 @@ def study(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> tuple[Path
             *stage_overrides(["bridge", "adapt"], global_batch=4, micro_batch=4, warmup_updates=1, log_every=1),
             *stage_overrides(["bridge"], updates=2, ckpt_every=2, val_every=2),
             *stage_overrides(["adapt"], updates=4, ckpt_every=4, val_every=4, ckpt_steps=[1, 2]),
-            f"tasks.sib200.source={small_sib200(tmp / 'sib200')}", "tasks.sib200.max_train_examples=16",
+            f"tasks.sib200.source={small_task(SIB200, tmp / 'sib200', 14)}", "tasks.sib200.max_train_examples=16",
             "tasks.sib200.max_len=32", "finetune.seeds=[1,2]", "finetune.epochs=1", "finetune.batch_size=8",
             "finetune.micro_batch=8"]
     assert main(["run", str(LATIN), *args, "--no-progress"]) == 0
