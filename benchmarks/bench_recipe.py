@@ -44,6 +44,7 @@ from minimodel.stages.perplexity import held_out_texts, loss_per_char  # noqa: E
 
 EXPERIMENT = ROOT / "experiments" / "recipe_smollm2.yaml"
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "recipe-vm.json"
+BRIDGE = "affine:distill"  # part (b)'s default mini-model: the recipe file's bridge
 
 
 def config(runs: Path, name: str, *overrides: str) -> ExperimentConfig:
@@ -300,8 +301,11 @@ def part_embeddings(args: argparse.Namespace) -> None:
                                                             "flops": adapted.flops}
                         print(f"{lang} {system} {vocabulary} {init} step {adapted.step}: "
                               f"{row['checkpoints'][adapted.step]['nats_per_char']:.4f} nats/char", flush=True)
+                    row["bridge"] = f"N{args.depth}/{args.bridge_recipe}" if system == "minipost" else None
+                    # MiniPost over another bridge than the default gets a key of its own (the first rows keep theirs)
+                    over = f"[{args.bridge_recipe}]" if system == "minipost" and args.bridge_recipe != BRIDGE else ""
                     figures = json.loads(args.json.read_text()).get("embeddings", {})
-                    figures.setdefault(lang, {})[f"{system}/{variant}{init}{_suffix(args, '@')}"] = row
+                    figures.setdefault(lang, {})[f"{system}/{variant}{init}{over}{_suffix(args, '@')}"] = row
                     update_json(args.json, "embeddings", figures)
 
 
@@ -323,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inits", type=lambda s: s.split(","), default=["mean", "overlap", "random"])
     p.add_argument("--adapt-updates", type=int, default=500)
     p.add_argument("--vocabularies", type=lambda s: s.split(","), default=["replace", "extend"])
-    p.add_argument("--bridge-recipe", default="affine:distill", help="the mini-model MiniPost's step 2 runs over "
+    p.add_argument("--bridge-recipe", default=BRIDGE, help="the mini-model MiniPost's step 2 runs over "
                                                                       "(the bridge run of part (a), init:objective)")
     args = p.parse_args(argv)
     from minimodel import log as logs
