@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/bench_recipe.py step0                # every bridge.init's step-0 loss (N = 10, 12)
     .venv/bin/python benchmarks/bench_recipe.py bridge --runs affine:distill,affine:lm,random:lm [--updates 1000]
     .venv/bin/python benchmarks/bench_recipe.py independent --depth 12 --runs affine:distill  # a finished bridge's gap
+    .venv/bin/python benchmarks/bench_recipe.py alignment --depth 12 --runs affine:distill,copy:lm --langs fr,ru  # KL
     .venv/bin/python benchmarks/bench_recipe.py init --langs fr,ru --inits mean,overlap,random   # step 2's step 0
     .venv/bin/python benchmarks/bench_recipe.py embeddings --langs fr,ru [--updates 500]
 
@@ -202,6 +203,75 @@ def part_independent(args: argparse.Namespace) -> None:
     update_json(args.json, "independent", out)
 
 
+def _blocks(ids: list[int], n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``ids`` cut into blocks of ``n`` tokens, each with its next-token labels (none after its last token)."""
+    blocks = [torch.tensor(ids[i:i + n]) for i in range(0, len(ids) - n + 1, n)]
+    return blocks, [torch.cat([b[1:], torch.tensor([-100])]) for b in blocks]
+
+
+@torch.no_grad()
+def mean_kl(student: torch.nn.Module, teacher: torch.nn.Module, blocks: list[torch.Tensor],
+            labels: list[torch.Tensor], batch: int = 8) -> dict[str, float]:
+    """Token-weighted means over ``blocks`` (at the positions ``labels`` scores) of KL(teacher || student) of the
+    next-token distributions (as ``distill_losses`` defines the distill objective), the student's LM loss, and how
+    often both put the same token first."""
+    import torch.nn.functional as F
+
+    from minimodel.models.model import PRIMARY
+
+    student.eval()
+    teacher.eval()
+    kl = lm = same = 0.0
+    n = 0
+    for i in range(0, len(blocks), batch):
+        ids, lab = torch.stack(blocks[i:i + batch]), torch.stack(labels[i:i + batch])
+        where = lab.ne(-100)
+        logp = {}
+        for name, m in (("student", student), ("teacher", teacher)):
+            h = m.hidden_states(ids, [m.cfg.layers], padded=False)[m.cfg.layers][where]
+            logp[name] = F.log_softmax(m.heads[PRIMARY](h).float(), dim=-1)
+        kl += float(F.kl_div(logp["student"], logp["teacher"], log_target=True, reduction="sum"))
+        lm += float(F.nll_loss(logp["student"], lab[where], reduction="sum"))
+        same += int(logp["student"].argmax(-1).eq(logp["teacher"].argmax(-1)).sum())
+        n += int(where.sum())
+    return {"kl": kl / n, "lm_loss": lm / n, "top1_agreement": same / n, "tokens": n}
+
+
+def part_alignment(args: argparse.Namespace) -> None:
+    """How closely each finished bridge of part (a) follows SmolLM2, the teacher: KL(SmolLM2 || mini-model) of the
+    next-token distributions, the LM loss and top-1 agreement, on the English validation blocks step 1b reads and on
+    each target language's held-out text in SmolLM2's own tokens (text no bridge trained on; what step 2 must learn
+    over the mini-model). The English LM loss says how good the mini-model is; the KL how much it behaves like the
+    model its embeddings are plugged into."""
+    from minimodel.data.mlm import mlm_datamodule
+    from minimodel.data.prepare import load_source_tokenizer
+    from minimodel.stages.bridge import load_primary
+    from minimodel.store.checkpoints import load_final_model
+    from minimodel.store.layout import last_checkpoint
+
+    _, base = bridge_run(args, *args.runs[0].split(":"))
+    smollm2, trained_with = load_primary(base.bridge.source, base.model.family, runs_dir=str(base.runs_dir))
+    own = load_source_tokenizer(base, smollm2, base.bridge.source, trained_with)
+    data = mlm_datamodule(base, "en", base.bridge.optim, base.bridge.trainer.seed, own)
+    data.setup()
+    texts: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {
+        "en": ([data.val_set[i]["input_ids"].long() for i in range(len(data.val_set))],
+               [data.val_set[i]["labels"].long() for i in range(len(data.val_set))])}
+    for lang in args.langs:
+        texts[lang] = _blocks([t for text in held_out_texts(base, lang) for t in own.encode_one(text)],
+                              base.data.seq_len)
+    out = json.loads(args.json.read_text()).get("alignment", {}) if args.json.exists() else {}
+    for spec in args.runs:
+        init, objective = spec.split(":")
+        name, _ = bridge_run(args, init, objective)
+        mini, _ = load_final_model(last_checkpoint(args.runs_dir / name / "minipost" / "bridge"), "bridge")
+        row = {lang: mean_kl(mini, smollm2, *bl) for lang, bl in texts.items()}
+        out[f"N{args.depth}/{spec}{_suffix(args, '@')}"] = row
+        print(f"{name}: " + "; ".join(f"{lang} KL {r['kl']:.3f}, LM {r['lm_loss']:.3f}, top-1 {r['top1_agreement']:.3f}"
+                                      for lang, r in row.items()), flush=True)
+        update_json(args.json, "alignment", out)
+
+
 # ------------------------------------------------------------------------------------------- (b) the embeddings
 
 
@@ -311,7 +381,7 @@ def part_embeddings(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("part", choices=("layers", "step0", "bridge", "independent", "init", "embeddings"))
+    p.add_argument("part", choices=("layers", "step0", "bridge", "independent", "alignment", "init", "embeddings"))
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     p.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "recipe_bench")
     p.add_argument("--bridge-layers", type=int, default=2)
@@ -342,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         part_bridge(args)
     elif args.part == "independent":
         part_independent(args)
+    elif args.part == "alignment":
+        part_alignment(args)
     elif args.part == "init":
         part_init(args)
     else:
