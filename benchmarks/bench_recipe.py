@@ -209,34 +209,6 @@ def _blocks(ids: list[int], n: int) -> tuple[list[torch.Tensor], list[torch.Tens
     return blocks, [torch.cat([b[1:], torch.tensor([-100])]) for b in blocks]
 
 
-@torch.no_grad()
-def mean_kl(student: torch.nn.Module, teacher: torch.nn.Module, blocks: list[torch.Tensor],
-            labels: list[torch.Tensor], batch: int = 8) -> dict[str, float]:
-    """Token-weighted means over ``blocks`` (at the positions ``labels`` scores) of KL(teacher || student) of the
-    next-token distributions (as ``distill_losses`` defines the distill objective), the student's LM loss, and how
-    often both put the same token first."""
-    import torch.nn.functional as F
-
-    from minimodel.models.model import PRIMARY
-
-    student.eval()
-    teacher.eval()
-    kl = lm = same = 0.0
-    n = 0
-    for i in range(0, len(blocks), batch):
-        ids, lab = torch.stack(blocks[i:i + batch]), torch.stack(labels[i:i + batch])
-        where = lab.ne(-100)
-        logp = {}
-        for name, m in (("student", student), ("teacher", teacher)):
-            h = m.hidden_states(ids, [m.cfg.layers], padded=False)[m.cfg.layers][where]
-            logp[name] = F.log_softmax(m.heads[PRIMARY](h).float(), dim=-1)
-        kl += float(F.kl_div(logp["student"], logp["teacher"], log_target=True, reduction="sum"))
-        lm += float(F.nll_loss(logp["student"], lab[where], reduction="sum"))
-        same += int(logp["student"].argmax(-1).eq(logp["teacher"].argmax(-1)).sum())
-        n += int(where.sum())
-    return {"kl": kl / n, "lm_loss": lm / n, "top1_agreement": same / n, "tokens": n}
-
-
 def part_alignment(args: argparse.Namespace) -> None:
     """How closely each finished bridge of part (a) follows SmolLM2, the teacher: KL(SmolLM2 || mini-model) of the
     next-token distributions, the LM loss and top-1 agreement, on the English validation blocks step 1b reads and on
@@ -245,6 +217,7 @@ def part_alignment(args: argparse.Namespace) -> None:
     model its embeddings are plugged into."""
     from minimodel.data.mlm import mlm_datamodule
     from minimodel.data.prepare import load_source_tokenizer
+    from minimodel.models.bridge_init import agreement
     from minimodel.stages.bridge import load_primary
     from minimodel.store.checkpoints import load_final_model
     from minimodel.store.layout import last_checkpoint
@@ -265,7 +238,7 @@ def part_alignment(args: argparse.Namespace) -> None:
         init, objective = spec.split(":")
         name, _ = bridge_run(args, init, objective)
         mini, _ = load_final_model(last_checkpoint(args.runs_dir / name / "minipost" / "bridge"), "bridge")
-        row = {lang: mean_kl(mini, smollm2, *bl) for lang, bl in texts.items()}
+        row = {lang: agreement(mini, smollm2, *bl) for lang, bl in texts.items()}
         out[f"N{args.depth}/{spec}{_suffix(args, '@')}"] = row
         print(f"{name}: " + "; ".join(f"{lang} KL {r['kl']:.3f}, LM {r['lm_loss']:.3f}, top-1 {r['top1_agreement']:.3f}"
                                       for lang, r in row.items()), flush=True)

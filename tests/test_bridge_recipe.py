@@ -12,7 +12,7 @@ from minimodel.cluster.memory import stage_models
 from minimodel.config.load import model_preset
 from minimodel.errors import ConfigError
 from minimodel.flops import bridge_flops, layer_flops, lm_head_flops
-from minimodel.models.bridge_init import fit_affine, layer_states, layer_table, mean_lm_loss
+from minimodel.models.bridge_init import agreement, fit_affine, layer_states, layer_table, mean_lm_loss
 from minimodel.models.families import build
 from minimodel.models.model import IGNORE_INDEX, PRIMARY
 from minimodel.models.surgery import bridge_trainable, build_minipost, trainable_parameters
@@ -149,6 +149,32 @@ def test_distillation_of_the_source_by_itself_is_zero_and_trains_only_the_studen
     assert all(p.grad is None for p in teacher.parameters())
     grads = {n for n, p in student.named_parameters() if p.grad is not None}
     assert grads and all(n.startswith(("layers.2.", "layers.3.")) for n in grads)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+def test_agreement_is_the_distill_kl_over_the_scored_tokens(family):
+    """``agreement`` (bench_recipe.py alignment): zero KL and full top-1 agreement for a mini-model that computes
+    what its source computes; for another, the token-weighted KL and LM loss that ``distill_losses`` and
+    ``mean_lm_loss`` give on the same positions, whatever the batching."""
+    teacher = source(family)
+    ids, labels = blocks(causal=family == "decoder")
+    same = agreement(build_minipost(teacher, 4, 2, init="copy"), teacher, ids, labels)
+    assert same["kl"] == pytest.approx(0.0, abs=1e-5) and same["top1_agreement"] == 1.0
+    assert same["tokens"] == sum(int(y.ne(IGNORE_INDEX).sum()) for y in labels)
+    student = build_minipost(teacher, 2, 2, init="copy").train()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # the bridge moved well away from the source's layers
+        for name, p in student.named_parameters():
+            if name.startswith(("layers.2.", "layers.3.")):
+                p.add_(torch.randn(p.shape, generator=g) * 3 * (p.std() if p.numel() > 1 else 1.0))
+    got = agreement(student, teacher, ids, labels, batch=4)  # batches of 4 and 2 blocks: weighted by token
+    _, parts = distill_losses(student.eval(), teacher, torch.stack(ids), torch.stack(labels))
+    assert got["kl"] == pytest.approx(float(parts["kl"]), rel=1e-4) and got["kl"] > 1e-3
+    assert got["lm_loss"] == pytest.approx(mean_lm_loss(student, ids, labels), rel=1e-4)
+    assert 0.0 <= got["top1_agreement"] < 1.0
+    student.train()
+    agreement(student, teacher, ids, labels)
+    assert student.training and not teacher.training
 
 
 # ----------------------------------------------------------------------------------------- costs

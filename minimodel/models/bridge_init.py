@@ -94,6 +94,39 @@ def mean_lm_loss(model: nn.Module, blocks: Sequence[Tensor], labels: Sequence[Te
         model.train(was_training)
 
 
+@torch.no_grad()
+def agreement(student: nn.Module, teacher: nn.Module, blocks: Sequence[Tensor], labels: Sequence[Tensor],
+              batch: int = 8) -> dict[str, float]:
+    """How closely ``student`` (a mini-model) follows ``teacher`` (its source) on ``blocks``, at the positions
+    ``labels`` scores: token-weighted means of KL(teacher || student) of the two output distributions (the quantity
+    ``bridge.objective=distill`` trains, as ``distill_losses`` computes it) and of the student's LM loss, and the share
+    of positions where both rank the same token first. Float32, eval mode. A bridge's LM loss says how well it
+    predicts the text; this says how much it computes what the model its embeddings are plugged into computes."""
+    modes = student.training, teacher.training
+    student.eval()
+    teacher.eval()
+    try:
+        kl = lm = 0.0
+        same = n = 0
+        for i in range(0, len(blocks), batch):
+            ids, lab = torch.stack(list(blocks[i:i + batch])), torch.stack(list(labels[i:i + batch]))
+            where = lab.ne(IGNORE_INDEX)
+            logp = []
+            for m in (student, teacher):
+                h = m.hidden_states(ids, [m.cfg.layers], padded=False)[m.cfg.layers][where]
+                logp.append(F.log_softmax(m.heads[PRIMARY](h).float(), dim=-1))
+            kl += float(F.kl_div(logp[0], logp[1], log_target=True, reduction="sum"))
+            lm += float(F.nll_loss(logp[0], lab[where], reduction="sum"))
+            same += int(logp[0].argmax(-1).eq(logp[1].argmax(-1)).sum())
+            n += int(where.sum())
+        if not n:
+            return {"kl": math.nan, "lm_loss": math.nan, "top1_agreement": math.nan, "tokens": 0}
+        return {"kl": kl / n, "lm_loss": lm / n, "top1_agreement": same / n, "tokens": n}
+    finally:
+        student.train(modes[0])
+        teacher.train(modes[1])
+
+
 @dataclass(frozen=True)
 class LayerRow:
     layer: int  # 1..L
