@@ -90,6 +90,20 @@ def _suffix(args: argparse.Namespace, sep: str) -> str:
     return f"{sep}{args.tag}" if args.tag else ""
 
 
+def _finished(args: argparse.Namespace, part: str, lang: str | None, key: str, updates: int,
+              run_dir: Path | None = None) -> bool:
+    """Whether the JSON already holds a finished row of ``key`` for as many updates, and ``run_dir`` (a bridge other
+    steps read) is finished on this machine: a grid rerun then costs only what is missing, not a re-evaluation of
+    every finished run (``--redo`` measures it again)."""
+    figures = json.loads(args.json.read_text()).get(part, {}) if args.json.exists() else {}
+    row = (figures.get(lang, {}) if lang else figures).get(key, {})
+    done = not args.redo and row.get("outcome") == "finished" and row.get("updates") == updates and (
+        run_dir is None or (run_dir / "done.json").is_file())
+    if done:
+        print(f"{part} {lang or ''} {key}: finished in {args.json.name}, skipped (--redo measures it again)", flush=True)
+    return done
+
+
 def bridge_run(args: argparse.Namespace, init: str, objective: str, *extra: str) -> tuple[str, ExperimentConfig]:
     """Part (a)'s bridge run of (``init``, ``objective``) at ``--depth``: its experiment name and configuration (part
     (b)'s step 2 and the ``independent`` check read the same run)."""
@@ -139,6 +153,9 @@ def part_bridge(args: argparse.Namespace) -> None:
     for spec in args.runs:
         init, objective = spec.split(":")
         name, cfg = bridge_run(args, init, objective, f"bridge.optim.updates={args.updates}")
+        if _finished(args, "bridge", None, f"N{args.depth}/{spec}{_suffix(args, '@')}", args.updates,
+                     args.runs_dir / name / "minipost" / "bridge"):
+            continue
         start = time.perf_counter()
         result = run_bridge(cfg, progress_bar=False)
         seconds = time.perf_counter() - start
@@ -322,6 +339,10 @@ def part_embeddings(args: argparse.Namespace) -> None:
             variant = "" if vocabulary == "replace" else f"{vocabulary}/"
             for system in args.systems:
                 for init in args.inits:
+                    over = f"[{args.bridge_recipe}]" if system == "minipost" and args.bridge_recipe != BRIDGE else ""
+                    key = f"{system}/{variant}{init}{over}{_suffix(args, '@')}"
+                    if _finished(args, "embeddings", lang, key, args.adapt_updates):
+                        continue
                     _, cfg = bridge_run(args, bridge_init, objective, f"system={system}", f"lang={lang}",
                                         f"adapt.init={init}", f"adapt.vocabulary={vocabulary}",
                                         f"adapt.tag={variant.replace('/', '-')}{init}",
@@ -345,10 +366,8 @@ def part_embeddings(args: argparse.Namespace) -> None:
                         print(f"{lang} {system} {vocabulary} {init} step {adapted.step}: "
                               f"{row['checkpoints'][adapted.step]['nats_per_char']:.4f} nats/char", flush=True)
                     row["bridge"] = f"N{args.depth}/{args.bridge_recipe}" if system == "minipost" else None
-                    # MiniPost over another bridge than the default gets a key of its own (the first rows keep theirs)
-                    over = f"[{args.bridge_recipe}]" if system == "minipost" and args.bridge_recipe != BRIDGE else ""
                     figures = json.loads(args.json.read_text()).get("embeddings", {})
-                    figures.setdefault(lang, {})[f"{system}/{variant}{init}{over}{_suffix(args, '@')}"] = row
+                    figures.setdefault(lang, {})[key] = row
                     update_json(args.json, "embeddings", figures)
 
 
@@ -356,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("part", choices=("layers", "step0", "bridge", "independent", "alignment", "init", "embeddings"))
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    p.add_argument("--redo", action="store_true", help="measure bridge and embeddings rows the JSON already holds "
+                                                        "as finished (default: skip them)")
     p.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "recipe_bench")
     p.add_argument("--bridge-layers", type=int, default=2)
     p.add_argument("--depth", type=int, default=10)

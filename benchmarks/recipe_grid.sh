@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 52, part 7: every measurement of the recipe on SmolLM2-135M that benchmarks/results/recipe-vm.json holds, in
+# the order they are worth running. Each line skips what the JSON already holds as finished (a bridge only when its
+# run is also on this machine, since the lines after it read it), so a rerun after a stop costs only what is missing.
+# Run it in the background with the machine to itself:
+#     OMP_NUM_THREADS=2 nohup bash benchmarks/recipe_grid.sh > logs/recipe_grid.log 2>&1 &
+# Needs the GGUF (bash scripts/get_smollm2.sh) and the prepared data: minimodel prepare
+# experiments/recipe_smollm2.yaml --langs en,fr,ru, and again with adapt.vocabulary=extend --langs fr,ru.
+# On a 2-core Intel Xeon: about 22 minutes a bridge trained on the LM loss, 70 a distilled one; 10-15 a MiniPost
+# step 2 of 500 updates, 25-30 a BL_BASE one (the extended vocabulary costs more: its output layer has 52-54k rows).
+# Not in the grid: the lr-1e-3 affine:distill bridge (its row is from another VM; step 2 reads the lr-2e-3 one).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=".venv/bin/python benchmarks/bench_recipe.py"
+LR2=(--tag lr2e-3 --override bridge.optim.lr=2.0e-3)  # the distilled bridge at lr 2e-3: step 2's mini-model
+BRIDGES=random:lm,copy:lm,affine:lm,copy:distill,random:distill
+
+# (a) step 1b at N = 12: every bridge.init with each objective, 1,000 updates of 1,024 English tokens
+$B bridge --depth 12 --runs affine:distill "${LR2[@]}"
+$B bridge --depth 12 --runs "$BRIDGES"
+# how closely each finished bridge follows SmolLM2 (a few minutes; measured again on every run of this script)
+$B alignment --depth 12 --runs affine:distill --langs fr,ru "${LR2[@]}"
+$B alignment --depth 12 --runs "$BRIDGES" --langs fr,ru
+# (b) step 2: every adapt.init and both vocabularies, 500 updates, over the full model (BL_BASE) and over the
+# mini-model (MiniPost over the lr-2e-3 distilled bridge); mean first, the initialisation the recipe uses. Under
+# extend, random is the overlap start (every piece SmolLM2 has is kept; the new ones start random under both), so
+# extend runs overlap only.
+for inits in mean overlap,random; do
+  for lang in fr ru; do
+    for vocabulary in replace extend; do
+      these=$inits
+      [ "$vocabulary" = extend ] && [ "$inits" != mean ] && these=overlap
+      $B embeddings --depth 12 --systems minipost --inits "$these" --vocabularies "$vocabulary" --langs "$lang" "${LR2[@]}"
+      $B embeddings --depth 12 --systems bl_base --inits "$these" --vocabularies "$vocabulary" --langs "$lang"
+    done
+  done
+done
+# MiniPost over the LM-trained bridges (French, mean, replaced vocabulary): what the bridge's objective does to step 2
+for bridge in copy:lm affine:lm; do
+  $B embeddings --depth 12 --bridge-recipe "$bridge" --systems minipost --inits mean --vocabularies replace --langs fr
+done
+echo "recipe grid: done"
