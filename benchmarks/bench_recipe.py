@@ -90,18 +90,33 @@ def _suffix(args: argparse.Namespace, sep: str) -> str:
     return f"{sep}{args.tag}" if args.tag else ""
 
 
-def _finished(args: argparse.Namespace, part: str, lang: str | None, key: str, updates: int,
-              run_dir: Path | None = None) -> bool:
-    """Whether the JSON already holds a finished row of ``key`` for as many updates, and ``run_dir`` (a bridge other
-    steps read) is finished on this machine: a grid rerun then costs only what is missing, not a re-evaluation of
-    every finished run (``--redo`` measures it again)."""
+def _finished(args: argparse.Namespace, part: str, lang: str | None, key: str, updates: int | None = None) -> bool:
+    """Whether the JSON already holds a finished row of ``key`` (for as many updates, where a row has them): a grid
+    rerun then costs only what is missing, not a re-evaluation of every finished run (``--redo`` measures it again).
+    The runs a skipped bridge row stands for are rebuilt only where a later row reads them (``ensure_bridge``)."""
     figures = json.loads(args.json.read_text()).get(part, {}) if args.json.exists() else {}
-    row = (figures.get(lang, {}) if lang else figures).get(key, {})
-    done = not args.redo and row.get("outcome") == "finished" and row.get("updates") == updates and (
-        run_dir is None or (run_dir / "done.json").is_file())
+    row = (figures.get(lang, {}) if lang else figures).get(key)
+    done = not args.redo and row is not None and (updates is None or (
+        row.get("outcome") == "finished" and row.get("updates") == updates))
     if done:
-        print(f"{part} {lang or ''} {key}: finished in {args.json.name}, skipped (--redo measures it again)", flush=True)
+        print(f"{part} {lang or ''} {key}: in {args.json.name}, skipped (--redo measures it again)", flush=True)
     return done
+
+
+def ensure_bridge(args: argparse.Namespace, init: str, objective: str) -> Path:
+    """The finished run of part (a)'s bridge (``init``, ``objective``): trained here when this machine lacks it (a
+    successor VM without runs/), skipped by the stage when it is finished. Returns its run directory."""
+    from minimodel.stages.bridge import run_bridge
+    from minimodel.store.layout import is_done
+
+    name, cfg = bridge_run(args, init, objective, f"bridge.optim.updates={args.updates}")
+    run_dir = args.runs_dir / name / "minipost" / "bridge"
+    if not is_done(run_dir):
+        print(f"{name}: no finished bridge run here; training it ({args.updates} updates)", flush=True)
+        result = run_bridge(cfg, progress_bar=False)
+        if result.outcome.value != "finished":
+            raise SystemExit(f"{name}: the bridge ended {result.outcome.value}, not finished")
+    return run_dir
 
 
 def bridge_run(args: argparse.Namespace, init: str, objective: str, *extra: str) -> tuple[str, ExperimentConfig]:
@@ -153,8 +168,7 @@ def part_bridge(args: argparse.Namespace) -> None:
     for spec in args.runs:
         init, objective = spec.split(":")
         name, cfg = bridge_run(args, init, objective, f"bridge.optim.updates={args.updates}")
-        if _finished(args, "bridge", None, f"N{args.depth}/{spec}{_suffix(args, '@')}", args.updates,
-                     args.runs_dir / name / "minipost" / "bridge"):
+        if _finished(args, "bridge", None, f"N{args.depth}/{spec}{_suffix(args, '@')}", args.updates):
             continue
         start = time.perf_counter()
         result = run_bridge(cfg, progress_bar=False)
@@ -252,11 +266,14 @@ def part_alignment(args: argparse.Namespace) -> None:
                               base.data.seq_len)
     out = json.loads(args.json.read_text()).get("alignment", {}) if args.json.exists() else {}
     for spec in args.runs:
+        key = f"N{args.depth}/{spec}{_suffix(args, '@')}"
+        if _finished(args, "alignment", None, key) and set(out[key]) >= set(texts):
+            continue
         init, objective = spec.split(":")
         name, _ = bridge_run(args, init, objective)
-        mini, _ = load_final_model(last_checkpoint(args.runs_dir / name / "minipost" / "bridge"), "bridge")
+        mini, _ = load_final_model(last_checkpoint(ensure_bridge(args, init, objective)), "bridge")
         row = {lang: agreement(mini, smollm2, *bl) for lang, bl in texts.items()}
-        out[f"N{args.depth}/{spec}{_suffix(args, '@')}"] = row
+        out[key] = row
         print(f"{name}: " + "; ".join(f"{lang} KL {r['kl']:.3f}, LM {r['lm_loss']:.3f}, top-1 {r['top1_agreement']:.3f}"
                                       for lang, r in row.items()), flush=True)
         update_json(args.json, "alignment", out)
@@ -329,7 +346,8 @@ def part_embeddings(args: argparse.Namespace) -> None:
         texts = held_out_texts(base, lang)
         figures = json.loads(args.json.read_text()).get("embeddings", {}) if args.json.exists() else {}
         entry = figures.setdefault(lang, {})
-        entry["smollm2_own_tokenizer"] = loss_per_char(smollm2, own, texts, window)
+        if args.redo or "smollm2_own_tokenizer" not in entry:
+            entry["smollm2_own_tokenizer"] = loss_per_char(smollm2, own, texts, window)
         entry["held_out"] = {"blocks": len(texts), "chars": sum(len(t) for t in texts)}
         update_json(args.json, "embeddings", figures)
         print(f"{lang}: SmolLM2 with its own tokenizer {entry['smollm2_own_tokenizer']['nats_per_char']:.4f} "
@@ -348,6 +366,8 @@ def part_embeddings(args: argparse.Namespace) -> None:
                                         f"adapt.tag={variant.replace('/', '-')}{init}",
                                         f"adapt.optim.updates={args.adapt_updates}")
                     target = load_prepared_tokenizer(cfg, lang)  # extend: SmolLM2's pieces plus the target's new ones
+                    if system == "minipost":
+                        ensure_bridge(args, bridge_init, objective)
                     start = time.perf_counter()
                     result = run_adapt(cfg, progress_bar=False)
                     seconds = time.perf_counter() - start
@@ -365,7 +385,7 @@ def part_embeddings(args: argparse.Namespace) -> None:
                                                             "flops": adapted.flops}
                         print(f"{lang} {system} {vocabulary} {init} step {adapted.step}: "
                               f"{row['checkpoints'][adapted.step]['nats_per_char']:.4f} nats/char", flush=True)
-                    row["bridge"] = f"N{args.depth}/{args.bridge_recipe}" if system == "minipost" else None
+                    row["bridge"] = f"N{args.depth}/{args.bridge_recipe}{_suffix(args, '@')}" if system == "minipost" else None
                     figures = json.loads(args.json.read_text()).get("embeddings", {})
                     figures.setdefault(lang, {})[key] = row
                     update_json(args.json, "embeddings", figures)

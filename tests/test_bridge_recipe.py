@@ -173,8 +173,14 @@ def test_agreement_is_the_distill_kl_over_the_scored_tokens(family):
     assert got["lm_loss"] == pytest.approx(mean_lm_loss(student, ids, labels), rel=1e-4)
     assert 0.0 <= got["top1_agreement"] < 1.0
     student.train()
+    teacher.train()
+    agreement(student, teacher, ids, labels)
+    assert student.training and teacher.training  # both as the caller left them
+    teacher.eval()
     agreement(student, teacher, ids, labels)
     assert student.training and not teacher.training
+    noisy = build(replace(teacher.cfg, dropout=0.5)).train()  # dropout on: read in eval mode, the same every time
+    assert agreement(noisy, noisy, ids, labels)["kl"] == pytest.approx(0.0, abs=1e-5) and noisy.training
 
 
 # ----------------------------------------------------------------------------------------- costs
