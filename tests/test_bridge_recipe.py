@@ -1,6 +1,7 @@
 """MiniPost's bridge beyond the paper (issue 52): bridge.init (random | copy | affine), bridge.objective (lm | distill),
 the step-0 loss every bridge run records, and `minimodel layers` (choosing N from the source model's states)."""
 
+import csv
 import json
 from dataclasses import replace
 
@@ -282,6 +283,13 @@ def test_an_affine_distilled_bridge_records_its_step_0_loss_and_keeps_the_bottom
             assert torch.equal(a, b), name
     metrics = (run.run_dir / "metrics.csv").read_text()
     assert "train/kl" in metrics and "train/mse" in metrics
+    # how closely it follows the source, before and after: the final figures are the trained model's on the
+    # validation blocks (its loss there is the last val/loss), also in done.json
+    assert info["step0_kl"] > 0 and 0 <= info["step0_top1"] <= 1
+    final = info["final"]
+    assert final["tokens"] > 0 and final["kl"] >= 0 and run.done["bridge"]["final"] == final
+    val = [float(r["val/loss"]) for r in csv.DictReader(metrics.splitlines()) if r.get("val/loss")]
+    assert final["lm_loss"] == pytest.approx(val[-1], rel=1e-4)
 
     # a full-depth copy is the source model itself: its step-0 loss is the source's
     full = ["bridge.init=copy", "bridge.depth=3", "name=tiny_full"]
@@ -290,6 +298,7 @@ def test_an_affine_distilled_bridge_records_its_step_0_loss_and_keeps_the_bottom
                      progress_bar=False)
     info = json.loads((run.run_dir / "bridge_info.json").read_text())
     assert info["step0_loss"] == pytest.approx(info["source_loss"], abs=1e-5)
+    assert info["step0_kl"] == pytest.approx(0.0, abs=1e-5) and info["step0_top1"] == 1.0
 
     # `minimodel layers`: a row per layer of the source; the affine mini-model at N = L - k is the source
     out = tmp_path / "layers.json"

@@ -18,7 +18,7 @@ from minimodel.data.tokenizer import AnyTokenizer
 from minimodel.errors import ConfigError
 from minimodel.flops import LayerShape, bridge_flops
 from minimodel.log import get_logger, process_rank
-from minimodel.models.bridge_init import AffineFit, fit_affine, layer_states, mean_lm_loss
+from minimodel.models.bridge_init import AffineFit, agreement, fit_affine, layer_states, mean_lm_loss
 from minimodel.models.families import DEFAULT as DEFAULT_FAMILY
 from minimodel.models.families import hf_module, predicted_share, sequence_lengths
 from minimodel.models.model import RobertaMLM
@@ -105,19 +105,49 @@ def fit_bridge_map(cfg: ExperimentConfig, primary: RobertaMLM, data: MLMDataModu
     return fit
 
 
-def step0_losses(cfg: ExperimentConfig, mini: RobertaMLM, primary: RobertaMLM, data: MLMDataModule
-                 ) -> dict[str, float | int]:
-    """The mini-model's loss on the validation blocks before any update, beside the source model's on the same
-    blocks (at most ``trainer.val_batches`` micro-batches, as validation reads them), float32."""
+def val_blocks(cfg: ExperimentConfig, data: MLMDataModule) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The validation blocks and their labels as validation reads them (at most ``trainer.val_batches``
+    micro-batches)."""
     val = data.val_set
     n = len(val) if not cfg.bridge.trainer.val_batches else min(len(val),
                                                                  cfg.bridge.trainer.val_batches * data.micro_batch)
     items = [val[i] for i in range(n)]
-    ids, labels = [x["input_ids"].long() for x in items], [x["labels"].long() for x in items]
+    return [x["input_ids"].long() for x in items], [x["labels"].long() for x in items]
+
+
+def step0_losses(cfg: ExperimentConfig, mini: RobertaMLM, primary: RobertaMLM, data: MLMDataModule
+                 ) -> dict[str, float | int]:
+    """The mini-model's loss on the validation blocks before any update, beside the source model's on the same
+    blocks, and how closely it follows the source there (``agreement``: KL(source || mini-model), top-1), float32."""
+    ids, labels = val_blocks(cfg, data)
     mini_loss, source_loss = mean_lm_loss(mini, ids, labels), mean_lm_loss(primary, ids, labels)
+    agree = agreement(mini, primary, ids, labels)
     log.info(f"step 0 (before any update): the mini-model's {cfg.source_lang} validation loss {mini_loss:.4f}, the "
-             f"source model's {source_loss:.4f} ({mini_loss - source_loss:+.4f} nats) over {n} blocks")
-    return {"step0_loss": mini_loss, "source_loss": source_loss, "step0_blocks": n}
+             f"source model's {source_loss:.4f} ({mini_loss - source_loss:+.4f} nats) over {len(ids)} blocks; "
+             f"KL(source || mini-model) {agree['kl']:.4f}, top-1 agreement {agree['top1_agreement']:.1%}")
+    return {"step0_loss": mini_loss, "source_loss": source_loss, "step0_blocks": len(ids), "step0_kl": agree["kl"],
+            "step0_top1": agree["top1_agreement"]}
+
+
+def final_agreement(cfg: ExperimentConfig, mini: RobertaMLM, primary: RobertaMLM, data: MLMDataModule
+                    ) -> dict[str, float | int]:
+    """After the last update: how closely the trained mini-model follows the source on the validation blocks (what
+    step 2's embeddings need, since the full model reads them: docs/extensions.md). Both models are read on the CPU
+    and go back where they were, so a GPU run holds nothing beyond what ``minimodel plan`` priced (the LM objective
+    keeps no teacher on the device); the cost is one CPU forward of each over the validation blocks."""
+    ids, labels = val_blocks(cfg, data)
+    homes = next(mini.parameters()).device, next(primary.parameters()).device
+    mini.cpu()
+    primary.cpu()
+    try:
+        agree = agreement(mini, primary, ids, labels)
+    finally:
+        mini.to(homes[0])
+        primary.to(homes[1])
+    log.info(f"bridge: after training, KL(source || mini-model) {agree['kl']:.4f} on the {cfg.source_lang} "
+             f"validation blocks, top-1 agreement {agree['top1_agreement']:.1%}, the mini-model's loss "
+             f"{agree['lm_loss']:.4f}")
+    return agree
 
 
 def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
@@ -167,8 +197,12 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
                                    "step0_loss": info["step0_loss"]})
         module = MLMModule(mini, b.optim, meta, flops, trainable=bridge_trainable(b.depth), adamw=b.trainer.adamw,
                            teacher=teacher, distill_mse=b.distill_mse)
+        def finish(_: object) -> dict:
+            info["final"] = final_agreement(cfg, module.model, primary, data)
+            atomic.write_json(plan.writes / BRIDGE_INFO, info)  # rank 0 only, as finish is
+            return {"bridge": info}
+
         return Training(module, data, b.optim, b.trainer, flops_per_update=flops,
-                        tokens_per_update=b.optim.global_batch * cfg.data.seq_len,
-                        finish=lambda _: {"bridge": info})
+                        tokens_per_update=b.optim.global_batch * cfg.data.seq_len, finish=finish)
 
     return Runner(cfg, Stage("bridge", plan.writes, b.trainer.seed, inputs=producers(pretrain=r.pretrain, source=primary_source(cfg, r))), prepare, build).run(progress_bar)
