@@ -209,9 +209,8 @@ def part_independent(args: argparse.Namespace) -> None:
     _, base = bridge_run(args, *args.runs[0].split(":"))  # SmolLM2, its tokenizer and the blocks: the same for every run
     smollm2, trained_with = load_primary(base.bridge.source, base.model.family, runs_dir=str(base.runs_dir))
     own = load_source_tokenizer(base, smollm2, base.bridge.source, trained_with)
-    ids, n = own.encode_one(text), base.data.seq_len
-    blocks = [torch.tensor(ids[i:i + n]) for i in range(0, len(ids) - n + 1, n)]
-    labels = [torch.cat([b[1:], torch.tensor([-100])]) for b in blocks]  # the next token; none after the last
+    n = base.data.seq_len
+    blocks, labels = _blocks(own.encode_one(text), n)
     source_loss = mean_lm_loss(smollm2, blocks, labels)
     for spec in args.runs:
         init, objective = spec.split(":")
@@ -249,7 +248,7 @@ def part_alignment(args: argparse.Namespace) -> None:
     from minimodel.data.mlm import mlm_datamodule
     from minimodel.data.prepare import load_source_tokenizer
     from minimodel.models.bridge_init import agreement
-    from minimodel.stages.bridge import load_primary
+    from minimodel.stages.bridge import load_primary, val_blocks
     from minimodel.store.checkpoints import load_final_model
     from minimodel.store.layout import last_checkpoint
 
@@ -258,9 +257,7 @@ def part_alignment(args: argparse.Namespace) -> None:
     own = load_source_tokenizer(base, smollm2, base.bridge.source, trained_with)
     data = mlm_datamodule(base, "en", base.bridge.optim, base.bridge.trainer.seed, own)
     data.setup()
-    texts: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {
-        "en": ([data.val_set[i]["input_ids"].long() for i in range(len(data.val_set))],
-               [data.val_set[i]["labels"].long() for i in range(len(data.val_set))])}
+    texts = {"en": val_blocks(base, data)}  # what step 1b's validation reads
     for lang in args.langs:
         texts[lang] = _blocks([t for text in held_out_texts(base, lang) for t in own.encode_one(text)],
                               base.data.seq_len)

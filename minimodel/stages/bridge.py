@@ -120,8 +120,8 @@ def step0_losses(cfg: ExperimentConfig, mini: RobertaMLM, primary: RobertaMLM, d
     """The mini-model's loss on the validation blocks before any update, beside the source model's on the same
     blocks, and how closely it follows the source there (``agreement``: KL(source || mini-model), top-1), float32."""
     ids, labels = val_blocks(cfg, data)
-    mini_loss, source_loss = mean_lm_loss(mini, ids, labels), mean_lm_loss(primary, ids, labels)
-    agree = agreement(mini, primary, ids, labels)
+    agree = agreement(mini, primary, ids, labels)  # the mini-model's loss with it: one forward of each model
+    mini_loss, source_loss = agree["lm_loss"], mean_lm_loss(primary, ids, labels)
     log.info(f"step 0 (before any update): the mini-model's {cfg.source_lang} validation loss {mini_loss:.4f}, the "
              f"source model's {source_loss:.4f} ({mini_loss - source_loss:+.4f} nats) over {len(ids)} blocks; "
              f"KL(source || mini-model) {agree['kl']:.4f}, top-1 agreement {agree['top1_agreement']:.1%}")
