@@ -256,9 +256,26 @@ def test_a_tokenizer_that_does_not_fit_the_hf_model_is_refused(tmp_path, corpus_
     from minimodel.stages.bridge import run_bridge
 
     with pytest.raises(TokenizerError, match=r"has 501 pieces but the model bridge.source=.*tiny-roberta has a "
-                                             r"vocabulary of 801"):
+                                             r"vocabulary of 801 \(a model's matrix may exceed its tokenizer only by "
+                                             r"alignment padding"):
         run_bridge(load_experiment(experiment, args), progress_bar=False)
     assert not (tmp_path / "runs" / "demo" / "minipost" / "bridge").exists()  # nothing written
+
+
+def test_a_matrix_padded_past_its_tokenizer_is_accepted_and_nothing_else():
+    """Public models whose embedding matrix is padded past their tokenizer (rows a multiple of 64) are read; a
+    tokenizer of another size is not (the matrix is not a multiple of 64, or the tokenizer is larger, or far
+    smaller)."""
+    from minimodel.data.prepare import padded_rows
+
+    assert padded_rows(49_152, 49_152) == 0  # SmolLM2
+    assert padded_rows(151_665, 151_936) == 271  # Qwen2.5-0.5B
+    assert padded_rows(50_295, 51_200) == 905  # Phi-2
+    assert padded_rows(50_277, 50_304) == 27  # Pythia
+    assert padded_rows(801, 832) == 31
+    assert padded_rows(501, 801) == -1  # 801 is no alignment
+    assert padded_rows(832, 801) == padded_rows(900, 832) == -1  # a tokenizer larger than the matrix
+    assert padded_rows(500, 2048) == -1  # 1,548 rows past the pieces: another tokenizer, not padding
 
 
 @pytest.mark.slow

@@ -281,10 +281,13 @@ def test_minimodel_run_with_an_extended_vocabulary(tmp_path, family):
 
 
 @pytest.mark.slow
-def test_step_2_extends_a_hugging_face_byte_level_bpe(tmp_path):
+@pytest.mark.parametrize("padded", [False, True], ids=["rows-are-pieces", "padded-matrix"])
+def test_step_2_extends_a_hugging_face_byte_level_bpe(tmp_path, padded):
     """Standard adaptation over a public model (a tiny RoBERTa with its own byte-level BPE): the extended tokenizer is
     a Hugging Face directory that prepare makes from the model's and the German SentencePiece model, step 2 keeps the
-    model's rows, and the export's AutoTokenizer gives the extended ids."""
+    model's rows, and the export's AutoTokenizer gives the extended ids. Also over a matrix padded past the
+    tokenizer's pieces (as Qwen's is): the new pieces take the ids after the last piece, not after the padding, and
+    the padding rows are left behind."""
     transformers = pytest.importorskip("transformers")
     from minimodel.data.prepare import load_prepared_tokenizer
     from minimodel.experiment import load_experiment
@@ -296,8 +299,9 @@ def test_step_2_extends_a_hugging_face_byte_level_bpe(tmp_path):
 
     hf_dir = build_hf_tokenizer(tmp_path / "tiny-roberta")
     torch.manual_seed(0)
-    to_hf(RobertaMLM(ModelConfig(vocab_size=HFTokenizer(str(hf_dir)).vocab_size, hidden=64, layers=2, heads=2,
-                                 ffn=128, max_positions=66)), hf_dir)
+    pieces = HFTokenizer(str(hf_dir)).vocab_size
+    rows = (pieces // 64 + 1) * 64 if padded else pieces  # 801 pieces: 832 rows
+    to_hf(RobertaMLM(ModelConfig(vocab_size=rows, hidden=64, layers=2, heads=2, ffn=128, max_positions=66)), hf_dir)
     corpus = small_corpus(tmp_path)
     args = [*chain_args(tmp_path, corpus), f"bridge.source={hf_dir}", "lang=de", "adapt.init=mean"]
     for lang in ("en", "de"):
@@ -307,12 +311,14 @@ def test_step_2_extends_a_hugging_face_byte_level_bpe(tmp_path):
     assert isinstance(de, HFTokenizer) and Path(de.path).name == "tokenizer"
     assert Path(de.path).parent.name.startswith("extend-tiny-roberta")
     kept = source.vocab_size
-    assert de.pieces()[:kept] == source.pieces() and de.vocab_size > kept + 100
+    assert de.pieces()[:kept] == source.pieces() and de.vocab_size > kept + 100 and kept == pieces
+    assert from_hf(hf_dir).cfg.vocab_size == rows
     run_dir = run_adapt(cfg, progress_bar=False).run_dir
     primary = from_hf(hf_dir)
     last = load_adaptation(sorted((run_dir / "embeddings").glob("step*.pt"))[-1])
-    assert last.kept == kept and torch.equal(last.embeddings[:kept], primary.embeddings.tokens.weight.detach())
-    assert torch.equal(last.bias[:kept], primary.heads["primary"].bias.detach())
+    assert last.kept == kept and torch.equal(last.embeddings[:kept], primary.embeddings.tokens.weight[:kept].detach())
+    assert torch.equal(last.bias[:kept], primary.heads["primary"].bias[:kept].detach())
+    assert last.embeddings.shape[0] == de.vocab_size  # the padding is not carried into the extended matrix
     info = json.loads((run_dir / "adapt_info.json").read_text())["init"]
     assert info["method"] == "mean" and info["vocabulary"]["new"] > 100 and info["mean"] > 100
     out = tmp_path / "export"

@@ -35,6 +35,20 @@ EXTEND_LINES = 200_000
 """``adapt.vocabulary=extend`` over a byte-level BPE: the merges that reach the new pieces are learned on the target
 corpus' first lines, this many at most (``data.extend``)."""
 
+PAD_ROWS_MULTIPLE, PAD_ROWS_MAX = 64, 1024
+"""A model's embedding matrix may have more rows than its tokenizer has pieces when the surplus is alignment padding
+(Qwen2.5-0.5B: 151,936 rows for 151,665 pieces; Phi-2: 51,200 for 50,295; Pythia: 50,304 for 50,277): its rows a
+multiple of this, at most this many past the pieces. The padding rows are never read (no token has their ids)."""
+
+
+def padded_rows(pieces: int, rows: int) -> int:
+    """How many rows of a ``rows``-row embedding matrix lie past a tokenizer of ``pieces`` pieces as alignment padding
+    (``PAD_ROWS_MULTIPLE``, ``PAD_ROWS_MAX``): 0 when they match, -1 when the two do not fit."""
+    if rows == pieces:
+        return 0
+    padding = rows % PAD_ROWS_MULTIPLE == 0 and pieces < rows <= pieces + PAD_ROWS_MAX
+    return rows - pieces if padding else -1
+
 
 def prepared_paths(cfg: ExperimentConfig, lang: str) -> Prepared:
     """Tokenizer and shards of ``lang`` (the source language may use a Hugging Face tokenizer; a target language's
@@ -292,10 +306,16 @@ def load_source_tokenizer(cfg: ExperimentConfig, model: object | None = None, mo
         vocab, pad = mcfg.vocab_size, mcfg.pad_id
         has_vocab = f"the model {model_name} has a vocabulary of {vocab}"
         pads = f"the model {model_name} pads with id {pad}"
-    if tok.vocab_size != vocab:
+    surplus = padded_rows(tok.vocab_size, vocab) if model is not None else (0 if tok.vocab_size == vocab else -1)
+    if surplus < 0:
         hint = ("; a public model needs its own tokenizer: set data.source_tokenizer to its directory or hub id"
                 if isinstance(tok, Tokenizer) and model is not None else "")
-        raise TokenizerError(f"tokenizer {tok.path} has {tok.vocab_size} pieces but {has_vocab}{hint}")
+        padding = (f" (a model's matrix may exceed its tokenizer only by alignment padding: rows a multiple of "
+                   f"{PAD_ROWS_MULTIPLE}, at most {PAD_ROWS_MAX:,} past the pieces)" if model is not None else "")
+        raise TokenizerError(f"tokenizer {tok.path} has {tok.vocab_size} pieces but {has_vocab}{padding}{hint}")
+    if surplus:
+        log.info(f"the model {model_name}'s embedding matrix has {vocab:,} rows for the {tok.vocab_size:,} pieces of "
+                 f"{tok.path}: the last {surplus:,} are alignment padding, which no token reads")
     if tok.specials.pad != pad:
         raise TokenizerError(f"tokenizer {tok.path} pads with id {tok.specials.pad} but {pads}")
     return tok

@@ -262,10 +262,11 @@ INITS: dict[str, Callable[[ExperimentConfig, Inputs, str], Initial]] = {
 def keep_source_rows(x: Inputs, initial: Initial, head: str) -> int:
     """``adapt.vocabulary=extend``: the target tokenizer is the source tokenizer plus new pieces (``data.extend``),
     so its first rows are the source model's pieces: their embeddings (output biases; an untied model's output rows)
-    become the source's own, by token id, whatever ``adapt.init`` made of them. Returns how many rows that is."""
+    become the source's own, by token id, whatever ``adapt.init`` made of them. Returns how many rows that is: the
+    source tokenizer's pieces (a source matrix padded past them, ``prepare.padded_rows``, leaves its padding behind)."""
     from minimodel.data.extend import read_extension
 
-    body, kept = x.body, x.body.cfg.vocab_size
+    body, kept = x.body, x.source_tok.vocab_size
     record = read_extension(x.target_tok.path)
     if record is None or record.get("source_sha256") != x.source_tok.sha256 or record.get("kept") != kept:
         made = "no extension record" if record is None else (
@@ -275,12 +276,12 @@ def keep_source_rows(x: Inputs, initial: Initial, head: str) -> int:
                           f"tokenizer {x.source_tok.path} ({kept} pieces, sha256 {x.source_tok.sha256[:12]}) extended: "
                           f"it has {made}; run `minimodel prepare ... --langs=LANG` again")
     with torch.no_grad():
-        initial.weight[:kept] = body.embeddings.tokens.weight.detach().to(initial.weight.dtype)
+        initial.weight[:kept] = body.embeddings.tokens.weight[:kept].detach().to(initial.weight.dtype)
         bias = getattr(body.heads[head], "bias", None)
         if bias is not None:
-            initial.bias[:kept] = bias.detach().to(initial.bias.dtype)
+            initial.bias[:kept] = bias[:kept].detach().to(initial.bias.dtype)
         if initial.output is not None:
-            initial.output[:kept] = body.heads[head].decoder.weight.detach().to(initial.output.dtype)
+            initial.output[:kept] = body.heads[head].decoder.weight[:kept].detach().to(initial.output.dtype)
     initial.info = {**initial.info, "vocabulary": {"mode": "extend", "kept": kept,
                                                    "new": x.target_tok.vocab_size - kept,
                                                    **{k: record[k] for k in ("intermediate", "unreachable")
