@@ -243,7 +243,7 @@ def test_the_recipe_is_part_of_the_bridge_identity(tmp_path):
         return OmegaConf.to_container(OmegaConf.structured(cfg))
 
     paper = plain(minipost(tmp_path))
-    for override in ("bridge.init=copy", "bridge.objective=distill", "bridge.fit_tokens=100"):
+    for override in ("bridge.init=copy", "bridge.objective=distill", "bridge.fit_tokens=100", "bridge.distill_mse=0.5"):
         changed = stage_changes(paper, plain(minipost(tmp_path, override)), "bridge")
         assert [k for k, _, _ in changed] == [override.split("=")[0]]
     # an older run's config without the keys counts as the paper's recipe
@@ -328,3 +328,90 @@ def test_layer_table_on_a_decoder_matches_the_mini_models_it_describes():
         assert rows[n - 1].affine_loss == pytest.approx(mean_lm_loss(mini, ids, labels), abs=1e-4)
     assert rows[3].affine_loss == pytest.approx(full, abs=1e-4)  # N = L - k: the source itself
     assert PRIMARY in model.heads
+
+
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+def test_layer_redundancy_by_hand_from_each_layers_input_and_output(family):
+    """Block influence (ShortGPT: 1 - cos(a layer's input, its output), per token, averaged) and the angular distance
+    to the last layer (Gromov et al.: arccos(cos(state after N, state after L)) / pi), from the states the layers
+    themselves read and write (forward hooks, not the table's own ``layer_states``), and the printed table."""
+    from minimodel.stages.layers import _row, layers_table
+
+    model = source(family, layers=5)
+    ids, labels = blocks(3, seed=2, causal=family == "decoder")
+    seen: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {i: [] for i in range(5)}
+    hooks = [layer.register_forward_hook(lambda m, args, out, i=i: seen[i].append((args[0].detach(), out.detach())))
+             for i, layer in enumerate(model.layers)]
+    try:
+        for x in ids:  # one block at a time, as plain forwards of the whole model
+            mean_lm_loss(model, [x], [labels[0]])
+    finally:
+        for h in hooks:
+            h.remove()
+    inputs = {i: torch.cat([a.flatten(0, 1) for a, _ in seen[i]]) for i in seen}
+    outputs = {i: torch.cat([b.flatten(0, 1) for _, b in seen[i]]) for i in seen}
+    rows, full = layer_table(model, ids, ids, labels, bridge_layers=2)
+    for n in range(1, 6):
+        a, b, last = inputs[n - 1], outputs[n - 1], outputs[4]
+        influence = 1 - torch.nn.functional.cosine_similarity(a, b, dim=-1).mean()
+        angle = torch.arccos(torch.nn.functional.cosine_similarity(b, last, dim=-1).clamp(-1, 1)).mean() / torch.pi
+        assert rows[n - 1].block_influence == pytest.approx(float(influence), abs=1e-5)
+        assert rows[n - 1].angular_to_last == pytest.approx(float(angle), abs=1e-4)
+    assert rows[0].block_influence > 0 and rows[0].angular_to_last > 0.01  # a random layer moves its input
+    table = layers_table([_row(r, full, 0.5 if r.layer < 4 else float("nan")) for r in rows],
+                         {"source": "tiny", "layers": 5, "bridge_layers": 2, "lang": "en", "fit_tokens": 48,
+                          "val_tokens": 48, "source_loss": full})
+    lines = table.splitlines()
+    assert lines[0].startswith(f"tiny: 5 layers, en validation (48 tokens); the source model's loss {full:.3f}")
+    first = [c.strip() for c in lines[4].strip("|").split("|")]  # the row of N = 1
+    assert first == ["1", f"{rows[0].block_influence:.4f}", f"{rows[0].angular_to_last:.4f}",
+                     f"{rows[0].affine_loss:.3f}", f"{rows[0].affine_loss - full:+.3f}", f"{rows[0].affine_r2:.3f}",
+                     "50%"]
+    assert lines[-1].split("|")[4:8] == [" — ", " — ", " — ", " — "]  # N = 5 > L - k: no mini-model of that depth
+
+
+# ----------------------------------------------------------------------------------------- the report
+
+
+def test_the_report_says_what_each_bridge_cost_and_how_close_it_came(tmp_path):
+    """`minimodel report`'s section on step 1b, from the finished bridge runs' done.json and bridge_info.json: the
+    recipe, the FLOPs and V100-days as the run recorded them (a distilled one's include the teacher), the gap to the
+    source before and after; an unfinished or damaged run is left out, and under report.systems a bridge goes by
+    the names of the rows that read it (and one no chosen row reads is left out)."""
+    from minimodel.flops import V100_DAY
+    from minimodel.report.bridges import bridge_rows
+    from minimodel.report.document import write_report
+    from tests.test_unadapted_report import rows as result_rows
+    from tests.test_unadapted_report import write_jsonl
+
+    root = tmp_path / "exp"
+
+    def bridge(label: str, done: dict | str | None, info: dict) -> None:
+        d = root / label / "bridge"
+        d.mkdir(parents=True)
+        (d / "bridge_info.json").write_text(json.dumps(info))
+        if done is not None:
+            (d / "done.json").write_text(done if isinstance(done, str) else json.dumps(done))
+
+    paper = {"init": "random", "objective": "lm", "depth": 10, "bridge_layers": 2, "step0_loss": 24.0,
+             "source_loss": 3.5}
+    recipe = {**paper, "init": "affine", "objective": "distill", "distill_mse": 0.1, "depth": 12, "step0_loss": 5.5,
+              "final": {"kl": 0.98, "top1_agreement": 0.53, "lm_loss": 3.957}}
+    bridge("minipost", {"stage": "bridge", "step": 1000, "flops": 2.5e14}, paper)
+    bridge("minipost-recipe", {"stage": "bridge", "step": 1000, "flops": 2 * V100_DAY, "bridge": recipe}, {})
+    bridge("minipost-cut", None, paper)  # stopped before its end: no done.json
+    bridge("minipost-bad", "{not json", paper)
+    assert bridge_rows(root) == [
+        ["minipost", "random, lm, N = 10 + 2", "1,000", "0.00025", "9.65e-05", "+20.500", "—", "—", "—"],
+        ["minipost-recipe", "affine, distill + 0.1 MSE, N = 12 + 2", "1,000", "5.184", "2", "+2.000", "+0.457",
+         "0.980", "53.0%"]]
+    for system in ("minipost", "minipost-recipe@mean"):
+        (root / system).mkdir(parents=True, exist_ok=True)
+        write_jsonl(root / system / "results.jsonl", result_rows(system, "fr", {1: 60, 2: 61}))
+    text = write_report(tmp_path, "exp", out=tmp_path / "all.md").read_text()
+    assert "## Step 1b: the mini-models' bridges (a one-time cost)" in text
+    assert "| minipost-recipe | affine, distill + 0.1 MSE, N = 12 + 2 | 1,000 | 5.184 | 2 |" in text
+    named = write_report(tmp_path, "exp", out=tmp_path / "named.md", systems={"minipost-recipe@mean": "minipost"})
+    section = named.read_text().split("## Step 1b")[1]
+    assert "| minipost | affine, distill" in section and "random, lm" not in section
+    assert bridge_rows(root, {"bl_base": "bl_base"}) == []

@@ -269,3 +269,31 @@ def test_mean_rows_are_not_read_as_focus_rows_by_the_report(tmp_path):
     vs = variants(exp, [])
     assert [v.label for v in vs] == ["bl_base", "bl_base@mean"] and vs[1].cfg.adapt.init == "mean"
     assert init_twins(vs) == {}  # only a FOCUS row pairs with its overlap twin
+
+
+def test_pieces_the_source_cannot_segment_fall_back_to_the_overlap_rule_and_are_counted(tmp_path, bpe_dir,
+                                                                                         monkeypatch):
+    """The two fallbacks a byte-level BPE never meets on real text, forced: a piece with no faithful segmentation
+    (``unsegmented``) and one whose segmentation holds the source's <unk> (``unknown``: a SentencePiece source
+    lacking a character). Both start where the overlap rule puts them, and adapt_info counts them by reason."""
+    from minimodel.stages.adapt import INITS, init_target_embeddings
+
+    cfg, x = stage_inputs(tmp_path, bpe_dir, padding=0)
+    src, trg = x.source_tok, x.target_tok
+    src_surface = set(src.surface_pieces())
+    new = [i for i, p in enumerate(trg.surface_pieces()) if i > 4 and p not in src_surface
+           and len(src.encode_piece(p)) > 1]
+    lost, unknown = trg.surface_pieces()[new[0]], trg.surface_pieces()[new[1]]
+    encode = src.encode_piece
+    forced = {lost: [], unknown: [encode(unknown)[0], src.specials.unk]}
+    monkeypatch.setattr(src, "encode_piece", lambda piece: forced.get(piece, encode(piece)))
+    initial = INITS["mean"](cfg, x, PRIMARY)
+    fallback = initial.info["fallback"]  # the target specials the source also spells are copied, not counted
+    assert {k: fallback[k] for k in ("unsegmented", "unknown", "out_of_range")} == {
+        "unsegmented": 1, "unknown": 1, "out_of_range": 0}
+    assert initial.info["random"] == fallback["special"] + 2
+    overlap, _, _ = init_target_embeddings(x.body, src, trg, cfg.adapt.trainer.seed)
+    for i in new[:2]:  # the overlap rule's own draw, not a mean
+        assert torch.equal(initial.weight[i], overlap[i])
+    ids = encode(trg.surface_pieces()[new[2]])  # the next one still gets its mean
+    assert torch.allclose(initial.weight[new[2]], x.body.embeddings.tokens.weight.detach()[ids].mean(0), atol=1e-6)

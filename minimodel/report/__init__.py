@@ -13,5 +13,6 @@ One concern per module; each imports only those above it in this list (no cycles
 * ``tables``: Tables 2-5 and the speedups over BL_BASE (Figure 1 in numbers)
 * ``figures``: Figure 3 (score against V100-days, one PNG per task)
 * ``claims``: the paper's claims checked one by one (estimate, interval, rule, verdict)
+* ``bridges``: step 1b's one-time cost and each bridge's distance to its source, from the finished bridge runs
 * ``document``: ``report.md`` and the plain-text summary
 """

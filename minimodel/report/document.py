@@ -10,6 +10,7 @@ from typing import Any
 
 from minimodel.errors import ConfigError
 from minimodel.log import get_logger
+from minimodel.report.bridges import bridge_section
 from minimodel.report.claims import claims_table
 from minimodel.report.figures import is_plot, plot_curves, plot_path
 from minimodel.report.formatting import (
@@ -93,7 +94,7 @@ def pretraining_note(res: Results) -> str:
 def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Mapping[str, int] | None = None,
                   variants: Mapping[str, Any] | None = None, truncation: list[str] | None = None,
                   checked: Checked | None = None, inits: Mapping[str, str] | None = None,
-                  family: Any = None, references: References | None = None) -> str:
+                  family: Any = None, references: References | None = None, bridges: list[str] | None = None) -> str:
     """The Markdown report; ``variants``: MiniJoint label -> ``claims.VariantInfo`` (the claims beyond the paper);
     ``plots``: task -> relative link of its PNG; ``depths``: MiniJoint label -> depth of its
     mini-model (for the claim about depth); ``truncation``: the section ``truncation.report_section`` writes;
@@ -101,7 +102,8 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
     transfer); ``inits``: label of a row adapted from another initialisation -> the label of its overlap twin;
     ``family``: the experiment's ``families.ModelFamily`` (claims about a family the paper did not study are marked
     so; a causal LM's perplexity gets claims of its own); ``references``: the unadapted model's and the
-    bag-of-words rows (``unadapted.load_references``), for the claim "adapted beats unadapted"."""
+    bag-of-words rows (``unadapted.load_references``), for the claim "adapted beats unadapted"; ``bridges``: the
+    section on step 1b's one-time cost (``bridges.bridge_section``)."""
     out = [f"{REPORT_HEADER}{name}", ""]
     if not res.curves and not res.english:
         return "\n".join(out + ["No results yet (no `*/results.jsonl` rows): run `minimodel evaluate` first.", ""])
@@ -180,6 +182,7 @@ def render_report(res: Results, name: str, plots: Mapping[str, str], depths: Map
     if res.curves and any(s == REFERENCE for s, _, _ in res.curves):
         out += claims_section(res, depths, variants, inits, family)
     out += unadapted_section(res, references or {})
+    out += bridges or []  # step 1b's one-time cost (report.bridges)
     english = table_english(res)
     if english:
         out += ["## English (Table 5)", "",
@@ -330,11 +333,12 @@ def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
         check_plots_out(plots, [plot_path(plots, task) for task in res.tasks], out)
     atomic.make_dirs(out.parent)
     pngs = plot_curves(res, plots) if res.curves else {}
-    truncated = report_section({p.parent.name: read_truncation(p.parent) for p in Layout(Path(runs_dir), name).all_results()},
+    layout = Layout(Path(runs_dir), name)
+    truncated = report_section({p.parent.name: read_truncation(p.parent) for p in layout.all_results()},
                                res.tasks, {task: res.langs(task) for task in res.tasks}, split)
     text = render_report(res, name, {task: path.relative_to(out.parent).as_posix() for task, path in pngs.items()},
-                         depths, variants, truncated, checked, inits, family,
-                         load_references(Layout(Path(runs_dir), name).root))
+                         depths, variants, truncated, checked, inits, family, load_references(layout.root),
+                         bridge_section(layout.root, systems))
     atomic.write_text(out, text)
     return out
 

@@ -1,0 +1,86 @@
+"""The report's account of step 1b: what each MiniPost mini-model's bridge cost and how closely it follows its source
+model, read from the finished bridge runs of the experiment (``{root}/{label}/bridge/done.json``; the recipe's
+figures from ``bridge_info.json``). Step 1b is paid once per mini-model and serves every target language (the
+paper's footnote 2), so Table 2 and the curves price step 2 only; this table is where the one-time cost is said."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+from minimodel.flops import v100_days
+from minimodel.report.formatting import MISSING, fmt_days, markdown_table
+from minimodel.store.layout import BRIDGE_INFO
+
+HEADER = ["system", "bridge", "updates", "EFLOPs", "V100-days", "step-0 gap (nats)", "final gap (nats)",
+          "final KL", "final top-1"]
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _num(x: object, fmt: str) -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) and not math.isnan(x) else MISSING
+
+
+def _shown(label: str, chosen: Mapping[str, str] | None) -> str | None:
+    """The name a bridge run's system directory goes by in the report: itself, or under ``report.systems`` the names
+    of the chosen rows adapted over it (``minipost-recipe@mean`` -> ``minipost`` reads ``minipost-recipe``'s bridge);
+    None where no chosen row reads it."""
+    if chosen is None:
+        return label
+    names = sorted({shown for row, shown in chosen.items() if row.split("@")[0] == label})
+    return ", ".join(names) or None
+
+
+def bridge_rows(root: Path, chosen: Mapping[str, str] | None = None) -> list[list[str]]:
+    """One row per finished bridge run under ``root`` (a damaged or unfinished one is left out: nothing to price);
+    ``chosen``: ``report.systems`` (which rows the report shows, under which names)."""
+    rows = []
+    for done_path in sorted(root.glob("*/bridge/done.json")):
+        shown = _shown(done_path.parent.parent.name, chosen)
+        done = _read(done_path)
+        if shown is None:
+            continue
+        if done.get("stage") != "bridge" or not isinstance(done.get("flops"), (int, float)):
+            continue
+        info = {**_read(done_path.parent / BRIDGE_INFO), **(done.get("bridge") or {})}
+        recipe = f"{info.get('init', 'random')}, {info.get('objective', 'lm')}"
+        if info.get("objective") == "distill" and info.get("distill_mse"):
+            recipe += f" + {info['distill_mse']:g} MSE"
+        if "depth" in info:
+            recipe += f", N = {info['depth']} + {info.get('bridge_layers', '?')}"
+        source = info.get("source_loss")
+        step0 = info.get("step0_loss")
+        final = info.get("final") or {}
+        gap0 = step0 - source if isinstance(step0, (int, float)) and isinstance(source, (int, float)) else math.nan
+        gap = (final["lm_loss"] - source if isinstance(final.get("lm_loss"), (int, float))
+               and isinstance(source, (int, float)) else math.nan)
+        flops = float(done["flops"])
+        rows.append([shown, recipe, f"{int(done.get('step', 0)):,}", f"{flops / 1e18:.4g}",
+                     fmt_days(v100_days(flops)), _num(gap0, "+.3f"), _num(gap, "+.3f"), _num(final.get("kl"), ".3f"),
+                     _num(final.get("top1_agreement"), ".1%")])
+    return rows
+
+
+def bridge_section(root: Path, chosen: Mapping[str, str] | None = None) -> list[str]:
+    """The report's section on step 1b, or nothing when the experiment has no finished bridge."""
+    rows = bridge_rows(root, chosen)
+    if not rows:
+        return []
+    return ["## Step 1b: the mini-models' bridges (a one-time cost)", "",
+            "Each finished MiniPost bridge of this experiment: how it started and what it minimised (bridge.init, "
+            "bridge.objective), its updates and FLOPs (A4; a distilled bridge's include the frozen source model's "
+            "forward pass, an affine one the map's), and how far the mini-model is from its source on the source "
+            "language's validation blocks: its loss minus the source's before any update and after the last one, "
+            "and KL(source || mini-model) per token and top-1 agreement after the last one (— where the run "
+            "predates that record). The cost is paid once per mini-model and shared by every target language, so "
+            "Table 2, the curves and the times to target price step 2 only, as the paper does.", "",
+            markdown_table(HEADER, rows, left=2), ""]
