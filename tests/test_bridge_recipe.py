@@ -243,9 +243,12 @@ def test_the_recipe_is_part_of_the_bridge_identity(tmp_path):
         return OmegaConf.to_container(OmegaConf.structured(cfg))
 
     paper = plain(minipost(tmp_path))
-    for override in ("bridge.init=copy", "bridge.objective=distill", "bridge.fit_tokens=100", "bridge.distill_mse=0.5"):
+    for override in ("bridge.init=copy", "bridge.objective=distill", "bridge.fit_tokens=100"):
         changed = stage_changes(paper, plain(minipost(tmp_path, override)), "bridge")
         assert [k for k, _, _ in changed] == [override.split("=")[0]]
+    distilled = plain(minipost(tmp_path, "bridge.objective=distill"))
+    with_mse = plain(minipost(tmp_path, "bridge.objective=distill", "bridge.distill_mse=0.5"))
+    assert [k for k, _, _ in stage_changes(distilled, with_mse, "bridge")] == ["bridge.distill_mse"]
     # an older run's config without the keys counts as the paper's recipe
     old = {k: v for k, v in paper.items()}
     old["bridge"] = {k: v for k, v in paper["bridge"].items() if k not in ("init", "objective", "fit_tokens",

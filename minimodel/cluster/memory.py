@@ -82,6 +82,10 @@ class StageModel:
     precision: str
     span_head: bool = False  # finetuning an extractive QA task: the span head keeps the last layer's output
     final_norm: bool = False  # finetuning reads the last layer through the primary head's (frozen) norm
+    # bridge.objective=distill: besides the two heads' log-probabilities (heads = 2: the student's and the frozen
+    # teacher's), KL(teacher || student) keeps exp(teacher) and teacher - student per predicted row for its backward
+    distill: bool = False
+    affine_map: bool = False  # bridge.init=affine: the trained map keeps its input for its weight gradient
 
 
 @dataclass(frozen=True)
@@ -222,7 +226,7 @@ def stage_models(cfg: ExperimentConfig) -> list[StageModel]:
             "bridge", note, params + teacher, b.layers * layer_params(m) + affine,
             b.layers * layer_linear(m) + head_linear(m) + m.vocab_size * m.hidden + affine, b.layers, 0, "none",
             2 if distill else 1, "frozen", m.vocab_size, d.seq_len, b.optim.micro_batch, b.optim.global_batch,
-            b.trainer.precision))
+            b.trainer.precision, distill=distill, affine_map=bool(affine)))
     a, vocab, depth = cfg.adapt.optim, adapt.target_vocab, adapt.depth  # (extend: every row has AdamW moments)
     heads = len(adapt.phases) if cfg.adapt.schedule else 1  # a staged body holds every phase's head
     body = {Body.OWN: "whole model", Body.HEAD: "bottom layers", Body.BRIDGE: "bridged mini-model"}[adapt.body]
@@ -330,6 +334,21 @@ def head_row_bytes(m: ModelConfig, a: int, kind: str, device: str = "cuda") -> i
     return a * copies * m.hidden + norm_bytes(m, kind == "train", device)
 
 
+def logit_tensors(sm: StageModel) -> int:
+    """The fp32 (predicted rows x vocabulary) tensors a forward pass leaves for the backward: each head's
+    log-probabilities, and under distillation the KL divergence's two (``StageModel.distill``)."""
+    return sm.heads + (2 if sm.distill else 0)
+
+
+def teacher_forward_bytes(m: ModelConfig, a: int, tokens: int) -> int:
+    """``bridge.objective=distill``: the frozen teacher runs its forward pass after the student's, whose saved tensors
+    are held. Its widest moment, per token, is inside a layer's FFN without gradient: the FFN's pre-activation and
+    activation output beside its input, the residual stream and the norms' (5.5h in all, measured on the CPU),
+    ``a``-byte elements. It sets the stage's peak only where the KL divergence's (rows x vocabulary) tensors are
+    small (a tiny vocabulary, or few predicted rows)."""
+    return tokens * a * (ffn_in_width(m) + m.ffn + 11 * m.hidden // 2)
+
+
 def backward_bytes(m: ModelConfig, sm: StageModel, a: int, tokens: int, rows: int, device: str = "cuda") -> int:
     """The backward pass's transient peak over the saved tensors: the cross-entropy's two fp32 (N x V) gradients
     at the first head, or, where larger, the top layer's: the FFN's gradients and the residual's two fp32 ones,
@@ -340,7 +359,7 @@ def backward_bytes(m: ModelConfig, sm: StageModel, a: int, tokens: int, rows: in
     if not sm.train_layers + sm.frozen_layers:
         return head
     pending = 4 * sm.vocab * h if sm.embeddings in ("train", "grad") else 0
-    freed = sm.heads * rows * sm.vocab * 4 + tokens * (4 * h + mask_bytes(device, a) * h)
+    freed = logit_tensors(sm) * rows * sm.vocab * 4 + tokens * (4 * h + mask_bytes(device, a) * h)
     # the FFN's gradients at their peak: GELU's output and input (2f); SwiGLU's product and its two inputs (3f),
     # less the product's own output, saved for the output map's weight gradient and freed by then, where it trains
     ffn = (3 * f - (f if sm.train_layers else 0)) if gated(m) else 2 * f
@@ -361,13 +380,17 @@ def estimate(cfg: ExperimentConfig, sm: StageModel, micro_batch: int | None = No
                     + sm.frozen_layers * layer_activation_bytes(m, a, False, device)
                     + embedding_activation_bytes(m, sm.embeddings, device)
                     + (norm_bytes(m, False, device) if sm.final_norm else 0)
-                    + (a * m.hidden if sm.span_head else 0))
+                    + (a * m.hidden if sm.span_head else 0) + (a * m.hidden if sm.affine_map else 0))
     act += rows * (sm.heads * head_row_bytes(m, a, sm.head_kind, device) + INDEX_BYTES) if rows else 0
+    logits = rows * sm.vocab * 4 * logit_tensors(sm)
+    backward = backward_bytes(m, sm, a, tokens, rows, device)
+    if sm.distill:  # the teacher's forward pass comes before any logits exist: its peak is over act alone
+        backward = max(backward, teacher_forward_bytes(m, a, tokens) - logits)
     return MemoryEstimate(
         stage=sm.stage, micro_batch=mb, seq_len=sm.seq_len, precision=sm.precision, gpus=gpus,
         weights=4 * sm.params, gradients=4 * sm.trainable, ddp_buckets=4 * sm.trainable if gpus > 1 else 0,
         optimizer=8 * sm.trainable, weight_copies=2 * sm.grad_path_linear if a < 4 else 0, activations=act,
-        logits=rows * sm.vocab * 4 * sm.heads, backward=backward_bytes(m, sm, a, tokens, rows, device))
+        logits=logits, backward=backward)
 
 
 def micro_batches(global_batch: int, gpus: int) -> list[int]:

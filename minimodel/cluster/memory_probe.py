@@ -108,6 +108,20 @@ def mlm_loss(model: nn.Module, heads: list[str] | None = None) -> Callable[[dict
     return loss
 
 
+class Distilled(nn.Module):
+    """``bridge.objective=distill`` as the bridge stage holds it: the student trains, the whole source model stays on
+    the device as its frozen teacher, in eval mode whatever mode the pair is put in (``MLMModule``'s teacher)."""
+
+    def __init__(self, student: nn.Module, teacher: nn.Module) -> None:
+        super().__init__()
+        self.student, self.teacher = student, teacher.eval().requires_grad_(False)
+
+    def train(self, mode: bool = True) -> Distilled:
+        super().train(mode)
+        self.teacher.eval()
+        return self
+
+
 def build_stage(cfg: ExperimentConfig, stage: str) -> StageUnderTest:
     """The model ``stage`` trains, as ``stages/{stage}.py`` builds it (random weights), of the config's model
     family (``families.build``)."""
@@ -117,11 +131,19 @@ def build_stage(cfg: ExperimentConfig, stage: str) -> StageUnderTest:
         o = cfg.pretrain.optim
         return StageUnderTest(stage, model, mlm_loss(model), m.vocab_size, d.seq_len, o.micro_batch,
                               cfg.pretrain.trainer.precision, causal=lm)
-    if stage == "bridge":
+    if stage == "bridge":  # the recipe's bridge.init (an affine map: the identity here) and, distilled, its teacher
         b = cfg.bridge
-        model = build_minipost(build(replace(m, mini_heads=[])), b.depth, b.layers, seed=b.trainer.seed)
-        return StageUnderTest(stage, model, mlm_loss(model), m.vocab_size, d.seq_len, b.optim.micro_batch,
-                              b.trainer.precision, causal=lm)
+        source = build(replace(m, mini_heads=[]))
+        mini = build_minipost(source, b.depth, b.layers, seed=b.trainer.seed, init=b.init)
+        if b.objective != "distill":
+            return StageUnderTest(stage, mini, mlm_loss(mini), m.vocab_size, d.seq_len, b.optim.micro_batch,
+                                  b.trainer.precision, causal=lm)
+        from minimodel.training.mlm import distill_losses
+
+        pair = Distilled(mini, source)
+        return StageUnderTest(stage, pair, lambda batch: distill_losses(
+            mini, pair.teacher, batch["input_ids"], batch["labels"], b.distill_mse)[0], m.vocab_size, d.seq_len,
+            b.optim.micro_batch, b.trainer.precision, causal=lm)
     if stage == "adapt":
         plan = stage_plan(cfg, "adapt")
         kind = plan.body
