@@ -297,3 +297,28 @@ def test_pieces_the_source_cannot_segment_fall_back_to_the_overlap_rule_and_are_
         assert torch.equal(initial.weight[i], overlap[i])
     ids = encode(trg.surface_pieces()[new[2]])  # the next one still gets its mean
     assert torch.allclose(initial.weight[new[2]], x.body.embeddings.tokens.weight.detach()[ids].mean(0), atol=1e-6)
+
+
+@pytest.mark.parametrize("model", [{}, {**LLAMA, "tie_embeddings": False}], ids=["encoder", "decoder-untied"])
+def test_random_reads_nothing_of_the_source(tmp_path, bpe_dir, model):
+    """adapt.init=random: every row N(0, init_std) from the adaptation's seed, the same whatever the source model's
+    weights; an untied output projection drawn too (seed + 1), not the overlap rule's copies; biases 0."""
+    from minimodel.stages.adapt import INITS, init_output
+
+    cfg, x = stage_inputs(tmp_path, bpe_dir, padding=0, **model)
+    a = INITS["random"](cfg, x, PRIMARY)
+    with torch.no_grad():
+        for p in x.body.parameters():
+            p.add_(1.0)
+    b = INITS["random"](cfg, x, PRIMARY)
+    vocab, hidden, std = x.target_tok.vocab_size, x.body.cfg.hidden, x.body.cfg.init_std
+    assert a.info == {"method": "random"} and a.overlap == 0 and not a.bias.any()
+    assert torch.equal(a.weight, b.weight) and a.weight.shape == (vocab, hidden)
+    assert abs(float(a.weight.std()) / std - 1) < 0.05
+    if x.body.cfg.tie_embeddings:
+        assert a.output is None
+    else:
+        assert torch.equal(a.output, b.output) and not torch.equal(a.output, a.weight)
+        overlap = init_output(x.body, x.source_tok, x.target_tok, cfg.adapt.trainer.seed)
+        shared = [i for i, p in enumerate(x.target_tok.surface_pieces()) if p in set(x.source_tok.surface_pieces())]
+        assert len(shared) > 50 and not torch.equal(a.output[shared], overlap[shared])  # no copied source rows

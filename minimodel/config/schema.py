@@ -148,7 +148,8 @@ class FocusConfig:
 @dataclass
 class AdaptConfig:
     # overlap: copy the pieces shared with the source vocabulary, the others N(0, init_std); focus / mean: the same
-    # copies, the others a sparsemax mix of them (FocusConfig) / the mean of their source segmentation; random
+    # copies, the others a sparsemax mix of them (FocusConfig) / the mean of their source segmentation; random:
+    # every row N(0, init_std). An untied output projection follows the same rule (focus: the overlap rule's)
     init: str = "overlap"
     vocabulary: str = "replace"  # or extend: the source's pieces (frozen rows) + the target's it lacks (data.extend)
     # The MLM head whose layers step 2 trains over (MiniJoint): "" = the model's one secondary head (a model

@@ -159,10 +159,13 @@ def overlap_initial(cfg: ExperimentConfig, x: Inputs, head: str) -> Initial:
 
 
 def random_initial(cfg: ExperimentConfig, x: Inputs, head: str) -> Initial:
-    gen = torch.Generator().manual_seed(cfg.adapt.trainer.seed)
-    vocab = x.target_tok.vocab_size
-    weight = torch.randn(vocab, x.body.cfg.hidden, generator=gen) * x.body.cfg.init_std
-    return Initial(weight, torch.zeros(vocab), 0, {"method": "random"})
+    """Every row N(0, ``model.init_std``), nothing read from the source: the embeddings (seed ``adapt.trainer.seed``)
+    and an untied model's output projection (seed + 1, as ``init_output`` draws); output biases 0."""
+    seed, vocab, m = cfg.adapt.trainer.seed, x.target_tok.vocab_size, x.body.cfg
+    weight = torch.randn(vocab, m.hidden, generator=torch.Generator().manual_seed(seed)) * m.init_std
+    output = None if m.tie_embeddings else (
+        torch.randn(vocab, m.hidden, generator=torch.Generator().manual_seed(seed + 1)) * m.init_std)
+    return Initial(weight, torch.zeros(vocab), 0, {"method": "random"}, output)
 
 
 def focus_initial(cfg: ExperimentConfig, x: Inputs, head: str) -> Initial:
