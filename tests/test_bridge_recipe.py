@@ -303,6 +303,19 @@ def test_an_affine_distilled_bridge_records_its_step_0_loss_and_keeps_the_bottom
     assert info["step0_loss"] == pytest.approx(info["source_loss"], abs=1e-5)
     assert info["step0_kl"] == pytest.approx(0.0, abs=1e-5) and info["step0_top1"] == 1.0
 
+    # the paper's bridge (random layers, the LM loss) records the same: further from the source at step 0
+    run = run_bridge(tiny_config(tmp_path, corpus_dir, "system=minipost", *common, "name=tiny_paper",
+                                 f"bridge.source={base / 'checkpoints' / 'last.ckpt'}", prepared=prepared),
+                     progress_bar=False)
+    info = json.loads((run.run_dir / "bridge_info.json").read_text())
+    assert (info["init"], info["objective"]) == ("random", "lm") and "affine" not in info
+    assert info["step0_loss"] > info["source_loss"] and info["step0_kl"] > 0 and "final" in info
+    from minimodel.report.bridges import bridge_rows
+
+    [row] = bridge_rows(run.run_dir.parent.parent)  # the report's step-1b table reads the finished run
+    assert row[:4] == ["minipost", "random, lm, N = 2 + 1", "6", f"{run.done['flops'] / 1e18:.4g}"]
+    assert row[5] == f"{info['step0_loss'] - info['source_loss']:+.3f}"
+
     # `minimodel layers`: a row per layer of the source; the affine mini-model at N = L - k is the source
     out = tmp_path / "layers.json"
     args = [str(ROOT / "experiments" / "tiny.yaml"), *tiny_overrides(tmp_path, corpus_dir, prepared),
