@@ -267,12 +267,14 @@ def test_minimodel_run_with_an_extended_vocabulary(tmp_path, family):
     model = loader.from_pretrained(str(out)).eval()
     assert model.get_input_embeddings().weight.shape[0] == de.vocab_size
     assert torch.equal(model.get_input_embeddings().weight.detach(), last.embeddings)
-    if not untied:  # the finetuned classifier with the extended vocabulary
-        task = tmp_path / "task"
-        assert main(["export", str(TINY), *args, "lang=de", "task=lohelp", "seed=1", "--out", str(task)]) == 0
-        classifier = transformers.AutoModelForSequenceClassification.from_pretrained(str(task)).eval()
-        assert torch.equal(classifier.get_input_embeddings().weight.detach(), last.embeddings)
-        assert transformers.AutoTokenizer.from_pretrained(str(task))(text)["input_ids"] == ids
+    # the finetuned classifier with the extended vocabulary (a decoder's reads the last real token: its tokenizer
+    # ends the text with </s>, as finetuning did, where the LM's leaves it open for generation)
+    task = tmp_path / "task"
+    assert main(["export", str(TINY), *args, "lang=de", "task=lohelp", "seed=1", "--out", str(task)]) == 0
+    classifier = transformers.AutoModelForSequenceClassification.from_pretrained(str(task)).eval()
+    assert torch.equal(classifier.get_input_embeddings().weight.detach(), last.embeddings)
+    task_ids = transformers.AutoTokenizer.from_pretrained(str(task))(text)["input_ids"]
+    assert task_ids == (ids + [auto.eos_token_id] if untied else ids)
     # the small artifact and plugging it back
     small = tmp_path / "small"
     assert main(["export", str(TINY), *args, "lang=de", "--embeddings-only", "--out", str(small)]) == 0
