@@ -220,7 +220,8 @@ def cmd_report(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     path = write_report(cfg.runs_dir, cfg.name, out=Path(args.out) if args.out else None, baselines=baselines,
                         depths=mini_depths(infos), variants=infos, main_metrics=main_metrics,
                         split=cfg.evaluate.split, checks=checks, inits=init_twins(vs),
-                        family=families.of(cfg.model), systems=cfg.report.systems, force=args.force)
+                        family=families.of(cfg.model), systems=cfg.report.systems, force=args.force,
+                        models_from=cfg.models_from)
     print(summary(cfg.runs_dir, cfg.name, baselines=baselines, main_metrics=main_metrics, split=cfg.evaluate.split,
                   checks=checks, systems=cfg.report.systems))
     print(f"report: {path}")

@@ -417,10 +417,14 @@ def test_the_report_says_what_each_bridge_cost_and_how_close_it_came(tmp_path):
     bridge("minipost-recipe", {"stage": "bridge", "step": 1000, "flops": 2 * V100_DAY, "bridge": recipe}, {})
     bridge("minipost-cut", None, paper)  # stopped before its end: no done.json
     bridge("minipost-bad", "{not json", paper)
+    bridge("minipost-ps2", {"stage": "bridge", "step": 1000, "flops": 2.5e14}, {**paper, "step0_loss": 25.0})
     assert bridge_rows(root) == [
         ["minipost", "random, lm, N = 10 + 2", "1,000", "0.00025", "9.65e-05", "+20.500", "—", "—", "—"],
+        ["minipost (pretraining seed 2)", "random, lm, N = 10 + 2", "1,000", "0.00025", "9.65e-05", "+21.500", "—",
+         "—", "—"],
         ["minipost-recipe", "affine, distill + 0.1 MSE, N = 12 + 2", "1,000", "5.184", "2", "+2.000", "+0.457",
          "0.980", "53.0%"]]
+    assert [r[0] for r in bridge_rows(root, {"minipost@mean": "paper"})] == ["paper", "paper (pretraining seed 2)"]
     for system in ("minipost", "minipost-recipe@mean"):
         (root / system).mkdir(parents=True, exist_ok=True)
         write_jsonl(root / system / "results.jsonl", result_rows(system, "fr", {1: 60, 2: 61}))
@@ -431,3 +435,9 @@ def test_the_report_says_what_each_bridge_cost_and_how_close_it_came(tmp_path):
     section = named.read_text().split("## Step 1b")[1]
     assert "| minipost | affine, distill" in section and "random, lm" not in section
     assert bridge_rows(root, {"bl_base": "bl_base"}) == []
+    # an experiment whose models are another's (models_from): the bridges it reads are that experiment's
+    (tmp_path / "reuser" / "minipost").mkdir(parents=True)
+    write_jsonl(tmp_path / "reuser" / "minipost" / "results.jsonl", result_rows("minipost", "fr", {1: 60, 2: 61}))
+    reused = write_report(tmp_path, "reuser", out=tmp_path / "reuser.md", models_from="exp").read_text()
+    assert "| minipost-recipe | affine, distill" in reused
+    assert "## Step 1b" not in write_report(tmp_path, "reuser", out=tmp_path / "own.md").read_text()

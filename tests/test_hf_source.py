@@ -270,12 +270,39 @@ def test_a_matrix_padded_past_its_tokenizer_is_accepted_and_nothing_else():
 
     assert padded_rows(49_152, 49_152) == 0  # SmolLM2
     assert padded_rows(151_665, 151_936) == 271  # Qwen2.5-0.5B
-    assert padded_rows(50_295, 51_200) == 905  # Phi-2
-    assert padded_rows(50_277, 50_304) == 27  # Pythia
+    assert padded_rows(50_295, 51_200) == 905  # Phi-2 (an architecture minimodel does not read: the rule's)
+    assert padded_rows(50_277, 50_304) == 27  # Pythia (likewise)
     assert padded_rows(801, 832) == 31
     assert padded_rows(501, 801) == -1  # 801 is no alignment
     assert padded_rows(832, 801) == padded_rows(900, 832) == -1  # a tokenizer larger than the matrix
     assert padded_rows(500, 2048) == -1  # 1,548 rows past the pieces: another tokenizer, not padding
+
+
+def test_a_padded_matrix_is_read_with_its_own_tokenizer_only(tmp_path, corpus_dir, hf_dir):
+    """A public model whose matrix is padded past its tokenizer (801 pieces, 832 rows) gets its bridge with its own
+    tokenizer; another tokenizer of the same size named by data.source_tokenizer is refused before anything is
+    written (no checkpoint record backs a public model's tokenizer: the size is the only check)."""
+    import shutil
+
+    from minimodel.experiment import load_experiment
+    from minimodel.stages.bridge import run_bridge
+
+    padded = tmp_path / "padded-roberta"
+    shutil.copytree(hf_dir, padded)
+    torch.manual_seed(0)
+    to_hf(RobertaMLM(ModelConfig(vocab_size=832, hidden=64, layers=2, heads=2, ffn=128, max_positions=66)), padded)
+    assert from_hf(padded).cfg.vocab_size == 832 and HFTokenizer(str(padded)).vocab_size == 801
+    experiment = str(ROOT / "experiments" / "demo.yaml")
+    other = [*overrides(tmp_path, corpus_dir, padded), f"data.source_tokenizer={hf_dir}"]  # the same pieces
+    assert main(["prepare", experiment, *other, "--langs=en", "--no-progress"]) == 0
+    with pytest.raises(TokenizerError, match=r"has 801 pieces but the model .* has a vocabulary of 832: a matrix "
+                                             r"padded past its tokenizer is read only with the model's own"):
+        run_bridge(load_experiment(experiment, other), progress_bar=False)
+    assert not (tmp_path / "runs" / "demo" / "minipost" / "bridge").exists()
+    own = overrides(tmp_path, corpus_dir, padded)
+    assert main(["prepare", experiment, *own, "--langs=en", "--no-progress"]) == 0
+    run = run_bridge(load_experiment(experiment, own), progress_bar=False)
+    assert run.done["step"] == 6 and load_trained_model(run.run_dir / "checkpoints" / "last.ckpt")[0].cfg.vocab_size == 832
 
 
 @pytest.mark.slow

@@ -321,4 +321,4 @@ def test_random_reads_nothing_of_the_source(tmp_path, bpe_dir, model):
         assert torch.equal(a.output, b.output) and not torch.equal(a.output, a.weight)
         overlap = init_output(x.body, x.source_tok, x.target_tok, cfg.adapt.trainer.seed)
         shared = [i for i, p in enumerate(x.target_tok.surface_pieces()) if p in set(x.source_tok.surface_pieces())]
-        assert len(shared) > 50 and not torch.equal(a.output[shared], overlap[shared])  # no copied source rows
+        assert len(shared) > 50 and not (a.output[shared] == overlap[shared]).all(1).any()  # no copied source row

@@ -127,9 +127,10 @@ def test_plan_matches_a_measured_update(experiment, extra, stage, precision, one
     assert (measured.weights, measured.gradients, measured.optimizer) == (
         predicted.weights, predicted.gradients, predicted.optimizer)
     rest = predicted.total - predicted.weights - predicted.gradients - predicted.optimizer
-    # the activation formula carries the comparison (and a distilled bridge's KL tensors, at these sizes as large)
-    carried = predicted.activations + (predicted.logits if "bridge.objective=distill" in extra else 0)
-    assert carried > rest / 2
+    if "bridge.objective=distill" in extra:  # the KL's (rows x V) tensors are about as large here: the two together
+        assert predicted.activations > rest / 3 and predicted.activations + predicted.logits > rest / 2
+    else:  # the activation formula carries the comparison
+        assert predicted.activations > rest / 2
     assert rest > predicted.total / 2
     assert measured.rest == pytest.approx(rest, rel=TOLERANCE), (measured, predicted)
     assert measured.peak == pytest.approx(predicted.total, rel=TOLERANCE), (measured, predicted)

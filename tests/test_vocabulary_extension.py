@@ -320,8 +320,10 @@ def test_step_2_extends_a_hugging_face_byte_level_bpe(tmp_path, padded):
     last = load_adaptation(sorted((run_dir / "embeddings").glob("step*.pt"))[-1])
     assert last.kept == kept and torch.equal(last.embeddings[:kept], primary.embeddings.tokens.weight[:kept].detach())
     assert torch.equal(last.bias[:kept], primary.heads["primary"].bias[:kept].detach())
-    assert last.embeddings.shape[0] == de.vocab_size  # the padding is not carried into the extended matrix
-    info = json.loads((run_dir / "adapt_info.json").read_text())["init"]
+    info = json.loads((run_dir / "adapt_info.json").read_text())
+    assert info["kept_rows"] == info["init"]["vocabulary"]["kept"] == pieces  # not the padded matrix's rows
+    assert de.pieces()[pieces] not in set(source.pieces())  # the first new piece follows the last source piece
+    info = info["init"]
     assert info["method"] == "mean" and info["vocabulary"]["new"] > 100 and info["mean"] > 100
     out = tmp_path / "export"
     assert main(["export", str(TINY), *args, "--out", str(out)]) == 0

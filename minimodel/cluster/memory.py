@@ -83,7 +83,8 @@ class StageModel:
     span_head: bool = False  # finetuning an extractive QA task: the span head keeps the last layer's output
     final_norm: bool = False  # finetuning reads the last layer through the primary head's (frozen) norm
     # bridge.objective=distill: besides the two heads' log-probabilities (heads = 2: the student's and the frozen
-    # teacher's), KL(teacher || student) keeps exp(teacher) and teacher - student per predicted row for its backward
+    # teacher's), KL(teacher || student) has two more (rows x vocabulary) fp32 tensors alive at its peak (exp(teacher)
+    # and the difference, then the gradient: measured on the CPU, tests/test_memory.py)
     distill: bool = False
     affine_map: bool = False  # bridge.init=affine: the trained map keeps its input for its weight gradient
 
@@ -335,8 +336,8 @@ def head_row_bytes(m: ModelConfig, a: int, kind: str, device: str = "cuda") -> i
 
 
 def logit_tensors(sm: StageModel) -> int:
-    """The fp32 (predicted rows x vocabulary) tensors a forward pass leaves for the backward: each head's
-    log-probabilities, and under distillation the KL divergence's two (``StageModel.distill``)."""
+    """The fp32 (predicted rows x vocabulary) tensors alive at the loss's peak: each head's log-probabilities, and
+    under distillation the KL divergence's two more (``StageModel.distill``)."""
     return sm.heads + (2 if sm.distill else 0)
 
 

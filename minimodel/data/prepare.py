@@ -36,9 +36,10 @@ EXTEND_LINES = 200_000
 corpus' first lines, this many at most (``data.extend``)."""
 
 PAD_ROWS_MULTIPLE, PAD_ROWS_MAX = 64, 1024
-"""A model's embedding matrix may have more rows than its tokenizer has pieces when the surplus is alignment padding
-(Qwen2.5-0.5B: 151,936 rows for 151,665 pieces; Phi-2: 51,200 for 50,295; Pythia: 50,304 for 50,277): its rows a
-multiple of this, at most this many past the pieces. The padding rows are never read (no token has their ids)."""
+"""A model's embedding matrix may have more rows than its own tokenizer has pieces when the surplus is alignment
+padding (Qwen2.5-0.5B: 151,936 rows for 151,665 pieces; other families pad alike, e.g. Phi-2 51,200 for 50,295 and
+Pythia 50,304 for 50,277, though minimodel does not read those architectures): its rows a multiple of this, at most
+this many past the pieces. The padding rows are never read (no token has their ids)."""
 
 
 def padded_rows(pieces: int, rows: int) -> int:
@@ -313,9 +314,15 @@ def load_source_tokenizer(cfg: ExperimentConfig, model: object | None = None, mo
         padding = (f" (a model's matrix may exceed its tokenizer only by alignment padding: rows a multiple of "
                    f"{PAD_ROWS_MULTIPLE}, at most {PAD_ROWS_MAX:,} past the pieces)" if model is not None else "")
         raise TokenizerError(f"tokenizer {tok.path} has {tok.vocab_size} pieces but {has_vocab}{padding}{hint}")
+    if surplus and cfg.data.source_tokenizer and cfg.data.source_tokenizer != cfg.bridge.source:
+        raise TokenizerError(f"tokenizer {tok.path} (data.source_tokenizer) has {tok.vocab_size} pieces but {has_vocab}:"
+                             f" a matrix padded past its tokenizer is read only with the model's own tokenizer "
+                             f"(leave data.source_tokenizer unset), since another tokenizer of nearly its size would "
+                             f"feed the model the wrong ids")
     if surplus:
-        log.info(f"the model {model_name}'s embedding matrix has {vocab:,} rows for the {tok.vocab_size:,} pieces of "
-                 f"{tok.path}: the last {surplus:,} are alignment padding, which no token reads")
+        log.warning(f"the model {model_name}'s embedding matrix has {vocab:,} rows for the {tok.vocab_size:,} pieces "
+                    f"of its own tokenizer {tok.path}: the last {surplus:,} are taken as alignment padding, which no "
+                    f"token reads")
     if tok.specials.pad != pad:
         raise TokenizerError(f"tokenizer {tok.path} pads with id {tok.specials.pad} but {pads}")
     return tok

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -30,19 +31,28 @@ def _num(x: object, fmt: str) -> str:
     return format(x, fmt) if isinstance(x, (int, float)) and not math.isnan(x) else MISSING
 
 
+SEED = re.compile(r"^(?P<system>.+)-ps(?P<seed>\d+)$")
+"""A system directory of another pretraining seed (``schema.pretrain_seed_suffix``: ``minipost-ps2``)."""
+
+
 def _shown(label: str, chosen: Mapping[str, str] | None) -> str | None:
-    """The name a bridge run's system directory goes by in the report: itself, or under ``report.systems`` the names
-    of the chosen rows adapted over it (``minipost-recipe@mean`` -> ``minipost`` reads ``minipost-recipe``'s bridge);
-    None where no chosen row reads it."""
+    """The name a bridge run's system directory goes by in the report: its pooled label (another pretraining seed's
+    directory says which seed), or under ``report.systems`` the names of the chosen rows adapted over it
+    (``minipost-recipe@mean`` -> ``minipost`` reads ``minipost-recipe``'s bridge); None where no chosen row reads
+    it."""
+    seeded = SEED.match(label)
+    pooled = seeded["system"] if seeded else label
+    seed = f" (pretraining seed {seeded['seed']})" if seeded else ""
     if chosen is None:
-        return label
-    names = sorted({shown for row, shown in chosen.items() if row.split("@")[0] == label})
-    return ", ".join(names) or None
+        return pooled + seed
+    names = sorted({shown for row, shown in chosen.items() if row.split("@")[0] == pooled})
+    return ", ".join(names) + seed if names else None
 
 
 def bridge_rows(root: Path, chosen: Mapping[str, str] | None = None) -> list[list[str]]:
-    """One row per finished bridge run under ``root`` (a damaged or unfinished one is left out: nothing to price);
-    ``chosen``: ``report.systems`` (which rows the report shows, under which names)."""
+    """One row per finished bridge run under ``root`` (``Layout.models_root``: an experiment's own runs, or those of
+    the experiment its ``models_from`` reuses), a damaged or unfinished one left out (nothing to price); ``chosen``:
+    ``report.systems`` (which rows the report shows, under which names)."""
     rows = []
     for done_path in sorted(root.glob("*/bridge/done.json")):
         shown = _shown(done_path.parent.parent.name, chosen)

@@ -315,13 +315,14 @@ def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
                  depths: Mapping[str, int] | None = None, variants: Mapping[str, Any] | None = None,
                  main_metrics: Mapping[str, str] | None = None, split: str = "test",
                  checks: DevChecks | None = None, inits: Mapping[str, str] | None = None, family: Any = None,
-                 systems: Mapping[str, str] | None = None, force: bool = False) -> Path:
+                 systems: Mapping[str, str] | None = None, force: bool = False, models_from: str = "") -> Path:
     """Read every ``{runs_dir}/{name}/*/results.jsonl``; write ``report.md`` (default
     ``{runs_dir}/{name}/report.md``) and its PNGs under ``plots/`` next to it. Returns the report path.
     ``baselines``: (task, lang) -> metric -> majority-class score; ``main_metrics``: task -> main metric;
     ``checks``: the dev-set checks (transfer rule, plateau) of ``report:``; ``inits``: see ``render_report``;
     ``systems``: ``report.systems`` (which systems, under which names). Reads ``unadapted.jsonl`` beside the runs
-    when there is one (``unadapted.load_references``). ``out`` is written only where it is new or a report this
+    when there is one (``unadapted.load_references``), and the finished bridges of step 1b where the experiment's
+    models live (``models_from``: another experiment's, whose runs it reuses). ``out`` is written only where it is new or a report this
     command wrote before (``check_report_out``), and its plots only over files of such a report, or with
     ``force``."""
     chosen = out is not None
@@ -333,12 +334,12 @@ def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
         check_plots_out(plots, [plot_path(plots, task) for task in res.tasks], out)
     atomic.make_dirs(out.parent)
     pngs = plot_curves(res, plots) if res.curves else {}
-    layout = Layout(Path(runs_dir), name)
+    layout = Layout(Path(runs_dir), name, models_from)
     truncated = report_section({p.parent.name: read_truncation(p.parent) for p in layout.all_results()},
                                res.tasks, {task: res.langs(task) for task in res.tasks}, split)
     text = render_report(res, name, {task: path.relative_to(out.parent).as_posix() for task, path in pngs.items()},
                          depths, variants, truncated, checked, inits, family, load_references(layout.root),
-                         bridge_section(layout.root, systems))
+                         bridge_section(layout.models_root, systems))
     atomic.write_text(out, text)
     return out
 

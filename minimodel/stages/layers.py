@@ -49,8 +49,9 @@ def layer_rows(cfg: ExperimentConfig) -> tuple[list[dict], dict]:
     rows, full_loss = layer_table(primary, fit, [x["input_ids"].long() for x in items],
                                   [x["labels"].long() for x in items], b.layers)
     m, d = primary.cfg, cfg.data
-    common = dict(hidden=m.hidden, seq_len=d.seq_len, vocab=d.vocab_size, mask_prob=predicted_share(cfg), batch=1,
-                  updates=1, shape=LayerShape.of(m))
+    # step 2 projects onto the target vocabulary (under adapt.vocabulary=extend the source's pieces too)
+    common = dict(hidden=m.hidden, seq_len=d.seq_len, vocab=stage_plan(cfg, "adapt").target_vocab,
+                  mask_prob=predicted_share(cfg), batch=1, updates=1, shape=LayerShape.of(m))
     full = adapt_flops(m.layers, **common)
     out = [_row(r, full_loss, adapt_flops(r.layer + b.layers, **common) / full if r.layer + b.layers < m.layers
                 else math.nan) for r in rows]
