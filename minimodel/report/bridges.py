@@ -11,9 +11,10 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from minimodel.errors import UserError
 from minimodel.flops import v100_days
 from minimodel.report.formatting import MISSING, fmt_days, markdown_table
-from minimodel.store.layout import BRIDGE_INFO
+from minimodel.store.layout import BRIDGE_INFO, read_done
 
 HEADER = ["system", "bridge", "updates", "EFLOPs", "V100-days", "step-0 gap (nats)", "final gap (nats)",
           "final KL", "final top-1"]
@@ -29,6 +30,11 @@ def _read(path: Path) -> dict:
 
 def _num(x: object, fmt: str) -> str:
     return format(x, fmt) if isinstance(x, (int, float)) and not math.isnan(x) else MISSING
+
+
+def _minus(a: object, b: object) -> float:
+    """``a - b`` where both were recorded as numbers, else NaN (a run that predates the record)."""
+    return a - b if isinstance(a, (int, float)) and isinstance(b, (int, float)) else math.nan
 
 
 SEED = re.compile(r"^(?P<system>.+)-ps(?P<seed>\d+)$")
@@ -54,28 +60,27 @@ def bridge_rows(root: Path, chosen: Mapping[str, str] | None = None) -> list[lis
     the experiment its ``models_from`` reuses), a damaged or unfinished one left out (nothing to price); ``chosen``:
     ``report.systems`` (which rows the report shows, under which names)."""
     rows = []
-    for done_path in sorted(root.glob("*/bridge/done.json")):
-        shown = _shown(done_path.parent.parent.name, chosen)
-        done = _read(done_path)
+    for run in sorted(p.parent for p in root.glob("*/bridge/done.json")):
+        shown = _shown(run.parent.name, chosen)
         if shown is None:
+            continue
+        try:
+            done = read_done(run) or {}
+        except UserError:  # a damaged done.json: the stage reruns it; nothing to price here
             continue
         if done.get("stage") != "bridge" or not isinstance(done.get("flops"), (int, float)):
             continue
-        info = {**_read(done_path.parent / BRIDGE_INFO), **(done.get("bridge") or {})}
+        info = {**_read(run / BRIDGE_INFO), **(done.get("bridge") or {})}
         recipe = f"{info.get('init', 'random')}, {info.get('objective', 'lm')}"
         if info.get("objective") == "distill" and info.get("distill_mse"):
             recipe += f" + {info['distill_mse']:g} MSE"
         if "depth" in info:
             recipe += f", N = {info['depth']} + {info.get('bridge_layers', '?')}"
-        source = info.get("source_loss")
-        step0 = info.get("step0_loss")
-        final = info.get("final") or {}
-        gap0 = step0 - source if isinstance(step0, (int, float)) and isinstance(source, (int, float)) else math.nan
-        gap = (final["lm_loss"] - source if isinstance(final.get("lm_loss"), (int, float))
-               and isinstance(source, (int, float)) else math.nan)
+        source, final = info.get("source_loss"), info.get("final") or {}
         flops = float(done["flops"])
         rows.append([shown, recipe, f"{int(done.get('step', 0)):,}", f"{flops / 1e18:.4g}",
-                     fmt_days(v100_days(flops)), _num(gap0, "+.3f"), _num(gap, "+.3f"), _num(final.get("kl"), ".3f"),
+                     fmt_days(v100_days(flops)), _num(_minus(info.get("step0_loss"), source), "+.3f"),
+                     _num(_minus(final.get("lm_loss"), source), "+.3f"), _num(final.get("kl"), ".3f"),
                      _num(final.get("top1_agreement"), ".1%")])
     return rows
 

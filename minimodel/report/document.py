@@ -322,9 +322,9 @@ def write_report(runs_dir: str | Path, name: str, out: Path | None = None,
     ``checks``: the dev-set checks (transfer rule, plateau) of ``report:``; ``inits``: see ``render_report``;
     ``systems``: ``report.systems`` (which systems, under which names). Reads ``unadapted.jsonl`` beside the runs
     when there is one (``unadapted.load_references``), and the finished bridges of step 1b where the experiment's
-    models live (``models_from``: another experiment's, whose runs it reuses). ``out`` is written only where it is new or a report this
-    command wrote before (``check_report_out``), and its plots only over files of such a report, or with
-    ``force``."""
+    models live (``models_from``: another experiment's, whose runs it reuses). ``out`` is written only where it is
+    new or a report this command wrote before (``check_report_out``), and its plots only over files of such a report,
+    or with ``force``."""
     chosen = out is not None
     out = Path(out) if out is not None else Layout(Path(runs_dir), name).report_of(split)
     ours = check_report_out(out, force)
