@@ -40,17 +40,19 @@ def _stopped(results: Any) -> str:
 
 def cmd_prepare(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.config.checks import PATH_COMPONENT_RULE, is_path_component
-    from minimodel.data.prepare import prepare_language
+    from minimodel.data.prepare import bridge_reads, prepare_jobs, prepare_language
 
-    langs = args.langs.split(",") if args.langs else [cfg.source_lang, *cfg.target_langs]
+    every = [cfg.source_lang, *cfg.target_langs]
+    langs = args.langs.split(",") if args.langs else [*every, *(x for x in bridge_reads(cfg) if x not in every)]
     for lang in langs:
         if not is_path_component(lang):
             raise UserError(f"--langs={args.langs!r}: the language {lang!r} names a corpus file and a prepared "
                             f"directory ({{data.prepared_dir}}/{{lang}}); {PATH_COMPONENT_RULE}")
     for lang in langs:
-        stopped = prepare_language(cfg, lang, progress=not args.no_progress)
-        if stopped:
-            return stopped
+        for in_source in prepare_jobs(cfg, lang, args.only):  # bridge.langs: also its text in the source tokenizer
+            stopped = prepare_language(cfg, lang, progress=not args.no_progress, in_source=in_source)
+            if stopped:
+                return stopped
     return ""
 
 
@@ -310,7 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("overrides", nargs="*", help="key=value overrides, e.g. pretrain.optim.updates=1000")
         s.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
         if name == "prepare":
-            s.add_argument("--langs", default="", help="comma-separated languages (default: source + targets)")
+            s.add_argument("--langs", default="", help="comma-separated languages (default: source + targets, and "
+                                                       "the languages bridge.langs adds)")
+            s.add_argument("--only", choices=("own", "source"), default="",
+                           help="a language's own tokenizer and shards only, or only its text in the source "
+                                "tokenizer that step 1b reads (bridge.langs); default: both where step 1b reads it")
         if name == "run":
             s.add_argument("--adapt-missing", action="store_true",
                            help="with models_from: adapt the target languages the reused experiment lacks, in this experiment's own runs")

@@ -163,8 +163,10 @@ def finetune_steps(cfg: ExperimentConfig, r: Runs, mini: bool, step: Callable[..
     return finetunes
 
 
-def prepare_steps(config: str, vs: list[Variant]) -> tuple[list[Step], dict[tuple[str, str], str]]:
-    """One prepare step per language (source language first, then the targets), shared by every variant that
+def prepare_steps(config: str, vs: list[Variant]) -> tuple[list[Step], dict[tuple[str, ...], str]]:
+    """One prepare step per language (source language first, then the targets, then the languages only step 1b reads:
+    ``bridge.langs``; each of those also gets ``prepare-{lang}-source``, its text in the source tokenizer), shared by
+    every variant that
     prepares that language into the same place (``{prepared_dir}/{lang}``, or the source language's Hugging Face
     shards); a variant that prepares it elsewhere gets a step of its own (``{label}:prepare-{lang}``). Two
     variants that would prepare a language into the same place with other data settings are refused (one would
@@ -172,35 +174,44 @@ def prepare_steps(config: str, vs: list[Variant]) -> tuple[list[Step], dict[tupl
     language), the name of the step that variant waits for."""
     steps: list[Step] = []
     by_place: dict[Path, tuple[Step, Variant]] = {}  # the language's done.json -> its step and the variant it is from
-    names: dict[tuple[str, str], str] = {}  # (variant label, lang) -> the step it waits for
-    wanted = [(v, v.cfg.source_lang) for v in vs] + [(v, lang) for v in vs for lang in v.cfg.target_langs]
-    from minimodel.data.prepare import prepared_paths  # numpy and sentencepiece, no torch
+    # (variant label, lang) -> the step it waits for; (variant label, lang, "source"): its text in the source tokenizer
+    names: dict[tuple[str, ...], str] = {}
+    from minimodel.data.prepare import bridge_reads, prepared_paths  # numpy and sentencepiece, no torch
 
-    for v, lang in wanted:
+    wanted = [(v, v.cfg.source_lang) for v in vs] + [(v, lang) for v in vs for lang in v.cfg.target_langs]
+    # bridge.langs: a language step 1b reads needs its own data too (the held-out text the bridge leaves out)
+    wanted += [(v, lang) for v in vs for lang in bridge_reads(v.cfg) if lang not in v.cfg.target_langs]
+    # then its text in the source tokenizer, a step of its own (``--only=source``) after the language's own
+    jobs = [(v, lang, False) for v, lang in wanted] + [(v, lang, True) for v in vs for lang in bridge_reads(v.cfg)]
+    for v, lang, in_source in jobs:
         cfg = v.cfg
-        paths = prepared_paths(cfg, lang)
+        paths = prepared_paths(cfg, lang, in_source)
         place = paths.done.absolute()
         if place in by_place:
             step, first = by_place[place]
-            check_same_data(config, lang, first, v)
+            check_same_data(config, lang, first, v, in_source)
         else:
-            taken = any(s.lang == lang for s in steps)
-            name = f"{v.label}:prepare-{lang}" if taken else f"prepare-{lang}"
-            # adapt.vocabulary=extend: the language's tokenizer extends the source language's
-            after = (names[(v.label, cfg.source_lang)],) if paths.base else ()
-            step = Step(name, "prepare", ("prepare", config, *v.overrides, f"--langs={lang}"), after, lang=lang)
+            suffix = "-source" if in_source else ""
+            taken = any(s.name.split(":")[-1] == f"prepare-{lang}{suffix}" for s in steps)
+            name = f"{v.label}:prepare-{lang}{suffix}" if taken else f"prepare-{lang}{suffix}"
+            # adapt.vocabulary=extend: the language's tokenizer extends the source language's; bridge.langs: the text
+            # is encoded by the source language's tokenizer, and its held-out part is read from the language's own
+            after = ((names[(v.label, cfg.source_lang)], names[(v.label, lang)]) if in_source else
+                     (names[(v.label, cfg.source_lang)],) if paths.base else ())
+            only = ("--only=source",) if in_source else ("--only=own",) if lang in bridge_reads(cfg) else ()
+            step = Step(name, "prepare", ("prepare", config, *v.overrides, f"--langs={lang}", *only), after, lang=lang)
             by_place[place] = (step, v)
             steps.append(step)
-        names[(v.label, lang)] = step.name
+        names[(v.label, lang, "source") if in_source else (v.label, lang)] = step.name
     return steps, names
 
 
-def check_same_data(config: str, lang: str, a: Variant, b: Variant) -> None:
+def check_same_data(config: str, lang: str, a: Variant, b: Variant, in_source: bool = False) -> None:
     """Two variants share a language's prepare step: a ConfigError naming their sweep entries unless they prepare it
     with the same data settings (``data.prepare.prepare_settings``: corpus, tokenizer, shards)."""
     from minimodel.data.prepare import prepare_settings  # numpy and sentencepiece, no torch
 
-    sa, sb = prepare_settings(a.cfg, lang), prepare_settings(b.cfg, lang)
+    sa, sb = prepare_settings(a.cfg, lang, in_source), prepare_settings(b.cfg, lang, in_source)
     if sa != sb:
         keys = ", ".join(f"{k}: {sa.get(k)!r} vs {sb.get(k)!r}" for k in sorted({*sa, *sb}) if sa.get(k) != sb.get(k))
         raise ConfigError(f"{config}: sweep entries {a.entry!r} and {b.entry!r} prepare {lang} into the same "
@@ -249,7 +260,8 @@ def plan(config: str | Path, overrides: list[str] | None = None, adapt_missing: 
         body = primary
         if "bridge" in steps_of and not reused:
             if r.bridge not in shared:
-                steps.append(step("bridge", "bridge", ["bridge"], [primary], True, r.bridge, "bridge"))
+                langs = [prepare_of[(v.label, lang, "source")] for lang in cfg.bridge.langs]
+                steps.append(step("bridge", "bridge", ["bridge"], [primary, *langs], True, r.bridge, "bridge"))
                 shared[r.bridge] = p + "bridge"
             body = shared[r.bridge]
             if r.pretrain is None:

@@ -305,6 +305,29 @@ def test_a_padded_matrix_is_read_with_its_own_tokenizer_only(tmp_path, corpus_di
     assert run.done["step"] == 6 and load_trained_model(run.run_dir / "checkpoints" / "last.ckpt")[0].cfg.vocab_size == 832
 
 
+def test_a_bridge_reads_another_language_in_the_models_own_tokenizer(tmp_path, corpus_dir, hf_dir):
+    """bridge.langs over a public model: German is encoded by the model's own tokenizer beside English's layout
+    ({lang}/hf-{name}/), and the bridge reads it in turn with English (bridge_info.json's langs)."""
+    from minimodel.experiment import load_experiment
+    from minimodel.stages.bridge import run_bridge
+
+    experiment = str(ROOT / "experiments" / "demo.yaml")
+    args = [*overrides(tmp_path, corpus_dir, hf_dir), "bridge.langs=[de]"]
+    assert main(["prepare", experiment, *args, "--no-progress"]) == 0  # en, de, and de in the model's tokenizer
+    cfg = load_experiment(experiment, args)
+    de = prepared_paths(cfg, "de", in_source=True)
+    assert de.hf and de.shards.parent.parent == tmp_path / "prepared" / "de" and de.shards.parent.name.startswith("hf-")
+    hf_tok = HFTokenizer(str(hf_dir))
+    stream = TokenStream.open(de.shards)
+    assert stream.tokenizer_sha256 == hf_tok.sha256
+    first_line = real_text("de", 400_000).splitlines()[0]
+    assert stream.slice(0, 8).tolist() == hf_tok.encode_one(first_line)[:8]
+    run = run_bridge(cfg, progress_bar=False)
+    info = run.done["bridge"]["langs"]["de"]
+    assert info["train_blocks"] > 0 and info["held_out_chars"] >= 1.25 * info["step2_held_out_chars"]
+    assert info["step0"]["tokens"] > 0 and info["final"]["tokens"] == info["step0"]["tokens"]
+
+
 @pytest.mark.slow
 def test_pretraining_with_a_hugging_face_tokenizer(tmp_path, corpus_dir, hf_dir):
     """data.source_tokenizer also serves step 1 (e.g. BL_BASE with RoBERTa's own byte-level BPE)."""

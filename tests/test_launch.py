@@ -486,10 +486,12 @@ def test_resubmission_leaves_out_finished_prepare_steps(fake_slurm: Path, tmp_pa
 
 def test_is_prepared_is_what_leaves_a_prepare_step_out(fake_slurm: Path, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch):
-    """The launcher asks data.prepare.is_prepared, with the step's own settings and language."""
+    """The launcher asks data.prepare.is_prepared, with the step's own settings and language (its own data: no
+    bridge.langs here)."""
     asked = []
 
-    def is_prepared(cfg, lang: str) -> bool:
+    def is_prepared(cfg, lang: str, in_source: bool = False) -> bool:
+        assert not in_source
         asked.append((cfg.data.prepared_dir, lang))
         return lang == "tr"
 

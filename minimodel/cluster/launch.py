@@ -61,7 +61,7 @@ def finished_steps(config: str, steps: list[Step]) -> frozenset[str]:
     """The training steps whose run holds a ``done.json`` written with this configuration's settings, and the prepare
     steps whose language's ``{prepared_dir}/{lang}/done.json`` records the current data settings: a resubmission
     leaves them out (their dependants do not wait on them)."""
-    from minimodel.data.prepare import is_prepared
+    from minimodel.data.prepare import prepared_all
     from minimodel.store.identity import check_finished
     from minimodel.store.layout import is_done
     from minimodel.store.provenance import recorded_producers, stale_inputs
@@ -69,7 +69,9 @@ def finished_steps(config: str, steps: list[Step]) -> frozenset[str]:
     out = set()
     for step in steps:
         if step.stage == "prepare" and step.lang:
-            if is_prepared(load_experiment(config, [a for a in step.args[2:] if not a.startswith("--")]), step.lang):
+            only = next((a.split("=", 1)[1] for a in step.args if a.startswith("--only=")), "")
+            if prepared_all(load_experiment(config, [a for a in step.args[2:] if not a.startswith("--")]), step.lang,
+                            only):
                 out.add(step.name)
             continue
         if not step.run_dir or not is_done(Path(step.run_dir)):

@@ -148,11 +148,13 @@ def _validate_path_components(cfg: ExperimentConfig, fail: Any) -> None:
     check("lang", cfg.lang, "the adaptation run ({runs_dir}/{name}/{system}/adapt/{lang})", optional=True)
     for lang in cfg.target_langs:
         check("target_langs", lang, "a language's runs ({runs_dir}/{name}/{system}/adapt/{lang}) and prepared data")
-    for key, langs in [("target_langs", list(cfg.target_langs)),
+    for key, langs in [("target_langs", list(cfg.target_langs)), ("bridge.langs", list(cfg.bridge.langs)),
                        *[(f"tasks.{task}.langs", list(t.langs)) for task, t in cfg.tasks.items()]]:
         twice = sorted({lang for lang in langs if langs.count(lang) > 1})
         if twice:  # each language would be adapted (or evaluated) twice: two jobs on one run directory
             fail(f"{key}={langs}: {', '.join(twice)} given more than once; name each language once")
+    for lang in cfg.bridge.langs:
+        check("bridge.langs", lang, "a language's corpus file and prepared data ({data.prepared_dir}/{lang})")
     for task, t in cfg.tasks.items():
         check("tasks", task, "a task's finetuning runs ({runs_dir}/{name}/{system}/finetune/{task})")
         for lang in t.langs:
@@ -201,6 +203,9 @@ def _validate_bridge(cfg: ExperimentConfig, fail: Any) -> None:
     if b.distill_mse and b.objective != "distill":
         fail(f"bridge.distill_mse={b.distill_mse} weighs a term of the distillation loss: set bridge.objective=distill "
              f"(or bridge.distill_mse=0)")
+    if cfg.source_lang in b.langs:
+        fail(f"bridge.langs={list(b.langs)}: the source language {cfg.source_lang} is always trained on; list only the "
+             f"languages besides it whose text step 1b also reads")
     if b.init != "random" and b.depth + b.layers > cfg.model.layers:
         fail(f"bridge.init={b.init} copies the source's top bridge.layers={b.layers} layers above its bottom "
              f"bridge.depth={b.depth}: depth + layers must be at most model.layers ({cfg.model.layers}), got "

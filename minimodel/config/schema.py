@@ -115,6 +115,10 @@ class BridgeConfig:
     # model's output distribution, the teacher, plus distill_mse x the MSE to its final hidden state)
     objective: str = "lm"
     distill_mse: float = 0.0
+    # languages besides source_lang whose text step 1b also trains on, in the source model's own tokenizer (`minimodel
+    # prepare` encodes them so): each update's blocks are drawn from source_lang and these in turn, equal shares; each
+    # language's held-out text (its own and step 2's) is never trained on. [] = the source language only (the paper)
+    langs: list[str] = field(default_factory=list)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 

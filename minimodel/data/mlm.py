@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -99,12 +100,15 @@ class BlockDataset(Dataset):
 
     def __init__(self, stream: TokenStream, blocks: range, seq_len: int, mask_prob: float,
                  vocab_size: int, seed: int, shuffle: bool, specials: SpecialTokens = SENTENCEPIECE_SPECIALS,
-                 causal: bool = False) -> None:
-        """``causal``: a causal LM's blocks (labels = the next token, -100 at the last position; nothing masked)."""
+                 causal: bool = False, stream_id: int = 0) -> None:
+        """``causal``: a causal LM's blocks (labels = the next token, -100 at the last position; nothing masked).
+        ``stream_id``: which of several corpora read together this is (``MixedBlocks``; 0, the first, draws its order
+        and masks as a corpus read alone does)."""
         if not isinstance(blocks, range):
             raise TypeError(f"blocks must be a range, got {type(blocks).__name__}")
         self.stream, self.blocks, self.seq_len = stream, blocks, seq_len
         self.mask_prob, self.vocab_size, self.seed, self.shuffle = mask_prob, vocab_size, seed, shuffle
+        self.stream_id = stream_id
         self.bos, self.causal = specials.bos, causal
         self.masker = None if causal else Masker(vocab_size, mask_prob, specials)
         self._order: FeistelPermutation | None = None  # the current data epoch's permutation (a few round keys)
@@ -120,7 +124,8 @@ class BlockDataset(Dataset):
     def order(self, epoch: int) -> FeistelPermutation:
         """The permutation of ``range(len(self))`` that data epoch ``epoch`` reads (training order)."""
         if self._order is None or epoch != self._order_epoch:
-            self._order, self._order_epoch = FeistelPermutation(len(self.blocks), (self.seed, epoch)), epoch
+            key = (self.seed, epoch, self.stream_id) if self.stream_id else (self.seed, epoch)
+            self._order, self._order_epoch = FeistelPermutation(len(self.blocks), key), epoch
         return self._order
 
     def block_at(self, g: int) -> int:
@@ -133,8 +138,37 @@ class BlockDataset(Dataset):
         if self.masker is None:  # causal: position t predicts token t + 1
             labels = np.concatenate([tokens[1:], [IGNORE_INDEX]]).astype(tokens.dtype)
             return {"input_ids": torch.from_numpy(tokens), "labels": torch.from_numpy(labels)}
-        inputs, labels = self.masker(tokens, np.random.default_rng([self.seed, 1 + int(self.shuffle), g]))
+        key = [self.seed, 1 + int(self.shuffle), g, *([self.stream_id] if self.stream_id else [])]
+        inputs, labels = self.masker(tokens, np.random.default_rng(key))
         return {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
+
+
+class MixedBlocks(Dataset):
+    """The training blocks of several corpora read in turn (``bridge.langs``): global position ``g`` reads position
+    ``g // k`` of corpus ``g mod k``, so each corpus keeps its own order and masks (a function of its position:
+    exact resume holds) and each update holds the corpora in equal shares, to within one block."""
+
+    def __init__(self, parts: list[BlockDataset]) -> None:
+        if not parts:
+            raise ValueError("MixedBlocks needs at least one corpus")
+        self.parts = parts
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def __getitem__(self, g: int) -> dict[str, torch.Tensor]:
+        k = len(self.parts)
+        return self.parts[int(g) % k][int(g) // k]
+
+
+@dataclass(frozen=True)
+class MixPart:
+    """Another corpus a stage trains on beside its own (``bridge.langs``): its shards, and how many blocks at the end
+    of its stream (at least ``data.val_blocks``, its validation split) are never trained on."""
+
+    shard_dir: Path
+    held_out: int
+    name: str = ""
 
 
 class ResumableSampler(Sampler[int]):
@@ -164,8 +198,13 @@ class MLMDataModule(L.LightningDataModule):
     def __init__(self, shard_dir: str | Path, seq_len: int, mask_prob: float, vocab_size: int,
                  micro_batch: int, global_batch: int, val_blocks: int, num_workers: int = 2, seed: int = 1,
                  specials: SpecialTokens = SENTENCEPIECE_SPECIALS, tokenizer_sha256: str = "",
-                 train_fraction: float = 1.0, causal: bool = False) -> None:
+                 train_fraction: float = 1.0, causal: bool = False, mix: tuple[MixPart, ...] = ()) -> None:
+        """``mix``: other corpora (encoded by the same tokenizer) whose training blocks are read in turn with this
+        one's (``MixedBlocks``); validation reads this corpus only, and each part's validation blocks are
+        ``mix_val[i]``."""
         super().__init__()
+        self.mix = mix
+        self.mix_val: list[BlockDataset] = []
         self.causal = causal  # a causal LM's blocks (``BlockDataset``)
         self.train_fraction = train_fraction  # train on the first share of the training blocks only
         self.shard_dir = Path(shard_dir)
@@ -174,28 +213,46 @@ class MLMDataModule(L.LightningDataModule):
         self.micro_batch, self.global_batch, self.val_blocks = micro_batch, global_batch, val_blocks
         self.num_workers, self.seed = num_workers, seed
         self.consumed = 0  # samples consumed by optimiser updates, over all ranks
-        self.train_set: BlockDataset | None = None
+        self.train_set: BlockDataset | MixedBlocks | None = None
+        self.own_train: BlockDataset | None = None  # this corpus' training blocks (``train_set`` without ``mix``)
         self.val_set: BlockDataset | None = None
+
+    def _open(self, shard_dir: Path) -> tuple[TokenStream, int]:
+        """A corpus' token stream, checked against this vocabulary and tokenizer, and its number of blocks."""
+        stream = TokenStream.open(shard_dir)
+        if stream.vocab_size != self.vocab_size:
+            raise ShardError(f"shards in {shard_dir} were made with a tokenizer of {stream.vocab_size} pieces, "
+                             f"but the model's vocabulary has {self.vocab_size}")
+        if self.tokenizer_sha256 and stream.tokenizer_sha256 and stream.tokenizer_sha256 != self.tokenizer_sha256:
+            raise ShardError(f"shards in {shard_dir} were made with another tokenizer (sha256 "
+                             f"{stream.tokenizer_sha256[:12]}, this run's is {self.tokenizer_sha256[:12]}); "
+                             f"run `minimodel prepare` with this configuration (into another data.prepared_dir)")
+        n_blocks = len(stream) // (self.seq_len - 1)
+        check_blocks(shard_dir, n_blocks, self.val_blocks, self.seq_len)
+        return stream, n_blocks
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        stream = TokenStream.open(self.shard_dir)
-        if stream.vocab_size != self.vocab_size:
-            raise ShardError(f"shards in {self.shard_dir} were made with a tokenizer of {stream.vocab_size} pieces, "
-                             f"but the model's vocabulary has {self.vocab_size}")
-        if self.tokenizer_sha256 and stream.tokenizer_sha256 and stream.tokenizer_sha256 != self.tokenizer_sha256:
-            raise ShardError(f"shards in {self.shard_dir} were made with another tokenizer (sha256 "
-                             f"{stream.tokenizer_sha256[:12]}, this run's is {self.tokenizer_sha256[:12]}); "
-                             f"run `minimodel prepare` with this configuration (into another data.prepared_dir)")
-        n_blocks = len(stream) // (self.seq_len - 1)
-        check_blocks(self.shard_dir, n_blocks, self.val_blocks, self.seq_len)
+        stream, n_blocks = self._open(self.shard_dir)
         blocks = range(n_blocks)  # a range, not an array: O(1) memory in every worker
-        common = dict(stream=stream, seq_len=self.seq_len, mask_prob=self.mask_prob,
-                      vocab_size=self.vocab_size, seed=self.seed, specials=self.specials, causal=self.causal)
+        common = dict(seq_len=self.seq_len, mask_prob=self.mask_prob, vocab_size=self.vocab_size, seed=self.seed,
+                      specials=self.specials, causal=self.causal)
         train = train_blocks(n_blocks, self.val_blocks, self.train_fraction)
-        self.train_set = BlockDataset(blocks=train, shuffle=True, **common)
-        self.val_set = BlockDataset(blocks=blocks[n_blocks - self.val_blocks:], shuffle=False, **common)
+        own = BlockDataset(stream=stream, blocks=train, shuffle=True, **common)
+        self.val_set = BlockDataset(stream=stream, blocks=blocks[n_blocks - self.val_blocks:], shuffle=False, **common)
+        parts = [own]
+        for i, part in enumerate(self.mix, start=1):
+            s, n = self._open(part.shard_dir)
+            if not self.val_blocks <= part.held_out < n:
+                raise ShardError(f"{part.shard_dir}: {part.held_out} blocks held out of {n}: at least its "
+                                 f"{self.val_blocks} validation blocks and fewer than all of them")
+            parts.append(BlockDataset(stream=s, blocks=train_blocks(n, part.held_out, self.train_fraction),
+                                      shuffle=True, stream_id=i, **common))
+            self.mix_val.append(BlockDataset(stream=s, blocks=range(n)[n - self.val_blocks:], shuffle=False,
+                                             stream_id=i, **common))
+        self.own_train = own
+        self.train_set = MixedBlocks(parts) if self.mix else own
 
     def _rank_world(self) -> tuple[int, int]:
         if self.trainer is not None:
@@ -236,9 +293,10 @@ class MLMDataModule(L.LightningDataModule):
 
 
 def mlm_datamodule(cfg: ExperimentConfig, lang: str, optim: OptimConfig, seed: int, tok: AnyTokenizer,
-                   train_fraction: float = 1.0) -> MLMDataModule:
+                   train_fraction: float = 1.0, mix: tuple[MixPart, ...] = ()) -> MLMDataModule:
     """The MLM data of ``lang`` as the experiment prepared it, encoded by ``tok`` (training on the first
-    ``train_fraction`` of its training blocks); a causal LM's (``families.causal``) labels are the next tokens."""
+    ``train_fraction`` of its training blocks; ``mix``: other corpora read in turn with it); a causal LM's
+    (``families.causal``) labels are the next tokens."""
     from minimodel.data.prepare import prepared_paths
     from minimodel.models.families import causal
 
@@ -246,4 +304,4 @@ def mlm_datamodule(cfg: ExperimentConfig, lang: str, optim: OptimConfig, seed: i
     return MLMDataModule(prepared_paths(cfg, lang).shards, d.seq_len, d.mask_prob, tok.vocab_size,
                          optim.micro_batch, optim.global_batch, d.val_blocks, d.num_workers, seed,
                          specials=tok.specials, tokenizer_sha256=tok.sha256, train_fraction=train_fraction,
-                         causal=causal(cfg.model))
+                         causal=causal(cfg.model), mix=mix)

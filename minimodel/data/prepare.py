@@ -51,22 +51,25 @@ def padded_rows(pieces: int, rows: int) -> int:
     return rows - pieces if padding else -1
 
 
-def prepared_paths(cfg: ExperimentConfig, lang: str) -> Prepared:
+def prepared_paths(cfg: ExperimentConfig, lang: str, in_source: bool = False) -> Prepared:
     """Tokenizer and shards of ``lang`` (the source language may use a Hugging Face tokenizer; a target language's
-    tokenizer is the source tokenizer extended with its pieces under ``adapt.vocabulary=extend``)."""
+    tokenizer is the source tokenizer extended with its pieces under ``adapt.vocabulary=extend``). ``in_source``:
+    ``lang``'s text in the source language's tokenizer, which step 1b reads for ``bridge.langs``."""
     hf = stage_plan(cfg, "prepare").tokenizer
     if lang == cfg.source_lang:
         return prepared(cfg.data.prepared_dir, lang, hf)
+    if in_source:
+        return prepared(cfg.data.prepared_dir, lang, hf, in_source=cfg.source_lang)
     if cfg.adapt.vocabulary == "extend":
         return prepared(cfg.data.prepared_dir, lang, extends=hf)
     return prepared(cfg.data.prepared_dir, lang)
 
 
-def prepare_settings(cfg: ExperimentConfig, lang: str) -> dict:
+def prepare_settings(cfg: ExperimentConfig, lang: str, in_source: bool = False) -> dict:
     """What decides a language's prepared data: its corpus (name and size) and the tokenizer and shard settings.
     ``done.json`` records it; a prepare step is finished when the recorded settings equal these."""
     d = cfg.data
-    paths = prepared_paths(cfg, lang)
+    paths = prepared_paths(cfg, lang, in_source)
     try:
         corpus = find_corpus(d.corpus_dir, lang)
         corpus_id = {"corpus": corpus.name, "corpus_bytes": corpus.stat().st_size}
@@ -78,6 +81,8 @@ def prepare_settings(cfg: ExperimentConfig, lang: str) -> dict:
         tokenizer = {**own, "extends": stage_plan(cfg, "prepare").tokenizer or "spm",
                      **({"extend_lines": EXTEND_LINES} if paths.hf else {})}
         sample: dict = {}
+    elif paths.borrowed:  # the source language's SentencePiece model (its sha256 is checked apart)
+        tokenizer, sample = {"tokenizer_of": cfg.source_lang, **{k: v for k, v in own.items() if k != "spm_sample_bytes"}}, {}
     else:
         tokenizer = ({"tokenizer": paths.tokenizer} if paths.hf else
                      {k: v for k, v in own.items() if k != "spm_sample_bytes"})
@@ -85,18 +90,19 @@ def prepare_settings(cfg: ExperimentConfig, lang: str) -> dict:
     return {"lang": lang, **corpus_id, **tokenizer, **sample, "shard_bytes": d.shard_bytes}
 
 
-def is_prepared(cfg: ExperimentConfig, lang: str) -> bool:
+def is_prepared(cfg: ExperimentConfig, lang: str, in_source: bool = False) -> bool:
     """Whether ``lang``'s prepare step finished with these settings (its ``done.json`` says so) and what it made is
     still on disk as it was made, checked cheaply (no read of the tokens): the tokenizer file it recorded (sha256 of
     a SentencePiece model, a few MB at most) and every shard of a complete manifest at its recorded size. A step
     whose files changed is not finished: prepare looks again (re-encodes a missing or cut shard, refuses shards
-    made with another tokenizer)."""
-    paths = prepared_paths(cfg, lang)
+    made with another tokenizer). ``in_source``: ``lang``'s text in the source language's tokenizer
+    (``prepared_paths``)."""
+    paths = prepared_paths(cfg, lang, in_source)
     try:
         recorded = atomic.loads(paths.done.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    if not isinstance(recorded, dict) or recorded.get("settings") != prepare_settings(cfg, lang):
+    if not isinstance(recorded, dict) or recorded.get("settings") != prepare_settings(cfg, lang, in_source):
         return False
     if paths.base and not _extension_current(cfg, paths):
         return False
@@ -136,6 +142,29 @@ def _extension_current(cfg: ExperimentConfig, paths: Prepared) -> bool:
     return True
 
 
+def bridge_reads(cfg: ExperimentConfig) -> tuple[str, ...]:
+    """The languages besides the source whose text in the source tokenizer this configuration's step 1b reads
+    (``bridge.langs``; none for a system without a bridge)."""
+    return tuple(cfg.bridge.langs) if stage_plan(cfg, "bridge").runs_here else ()
+
+
+def prepare_jobs(cfg: ExperimentConfig, lang: str, only: str = "") -> tuple[bool, ...]:
+    """What ``minimodel prepare --langs=LANG [--only=own|source]`` makes of ``lang``, as ``in_source`` flags: its own
+    data (False) and, when step 1b reads it (``bridge_reads``), its text in the source tokenizer (True), after its
+    own data (whose held-out text the bridge leaves out: ``stages.bridge.held_out_tail``). ``only``: one of the
+    two (``source`` for a language step 1b does not read: a ``UserError``)."""
+    bridge = lang in bridge_reads(cfg)
+    if only == "source" and not bridge:
+        raise UserError(f"prepare --langs={lang} --only=source: step 1b of this configuration does not read {lang} "
+                        f"(bridge.langs={list(cfg.bridge.langs)}, system {cfg.system}); nothing to prepare")
+    return {"own": (False,), "source": (True,)}.get(only, (False, True) if bridge else (False,))
+
+
+def prepared_all(cfg: ExperimentConfig, lang: str, only: str = "") -> bool:
+    """Whether everything ``prepare_jobs`` names for ``lang`` is prepared with these settings."""
+    return all(is_prepared(cfg, lang, in_source) for in_source in prepare_jobs(cfg, lang, only))
+
+
 def load_prepared_tokenizer(cfg: ExperimentConfig, lang: str) -> AnyTokenizer:
     """The tokenizer ``prepare`` used for ``lang`` (clear error when it has not run)."""
     paths = prepared_paths(cfg, lang)
@@ -143,28 +172,35 @@ def load_prepared_tokenizer(cfg: ExperimentConfig, lang: str) -> AnyTokenizer:
 
 
 def prepare_language(cfg: ExperimentConfig, lang: str, progress: bool = True,
-                     stop: Callable[[], str | None] = signals.requested) -> str:
+                     stop: Callable[[], str | None] = signals.requested, in_source: bool = False) -> str:
     """Train the tokenizer (unless one exists or a Hugging Face one is given) and encode the corpus (resuming where
     it stopped), then write the language's ``done.json``. Returns "" when the language is prepared, or the name of
     the stop signal (``stop()``: SLURM's USR1 before the time limit, SIGTERM) that stopped it at a safe point:
-    after drawing the tokenizer's sample (saved), after the tokenizer, or after the shards being encoded."""
-    paths = prepared_paths(cfg, lang)
-    if is_prepared(cfg, lang):
-        log.info(f"prepare {lang}: finished with these settings ({paths.done}); skipping")
+    after drawing the tokenizer's sample (saved), after the tokenizer, or after the shards being encoded.
+    ``in_source``: encode ``lang``'s corpus with the source language's tokenizer (``bridge.langs``), which must be
+    there (a SentencePiece one is the source language's prepare step's; nothing is trained)."""
+    paths = prepared_paths(cfg, lang, in_source)
+    if is_prepared(cfg, lang, in_source):
+        log.info(f"prepare {lang}{' in the source tokenizer' if in_source else ''}: finished with these settings "
+                 f"({paths.done}); skipping")
         return ""
+    if paths.borrowed and not Path(paths.tokenizer).is_file():
+        raise TokenizerError(f"prepare {lang} for bridge.langs: its text is encoded with the source language's "
+                             f"tokenizer {paths.tokenizer}, which is not there: prepare {cfg.source_lang} first")
     corpus = find_corpus(cfg.data.corpus_dir, lang)
-    check_same_corpus(cfg, lang, paths, corpus)  # another corpus' tokenizer and shards: refused, nothing written
+    check_same_corpus(cfg, lang, paths, corpus, in_source)  # another corpus' tokenizer and shards: refused
     check_text(corpus)  # binary data, UTF-16, ...: said before reading on to the first blank line
     next(iter_documents(corpus))  # fails clearly on a missing, empty or unreadable corpus
     directory = Path(cfg.data.prepared_dir) / lang
     if directory.is_dir() and not os.access(directory, os.W_OK):  # shared read-only data: nothing to lock
-        return _prepare(cfg, lang, paths, corpus, progress, stop)
+        return _prepare(cfg, lang, paths, corpus, progress, stop, in_source)
     check_writable(directory)
     with exclusive(directory, f"prepare {lang}"):  # one writer of a language's tokenizer and shards
-        return _prepare(cfg, lang, paths, corpus, progress, stop)
+        return _prepare(cfg, lang, paths, corpus, progress, stop, in_source)
 
 
-def check_same_corpus(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path) -> None:
+def check_same_corpus(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path, in_source: bool = False
+                      ) -> None:
     """A ``ShardError`` when ``lang``'s prepared data (its ``done.json``) was made from another corpus than
     ``corpus`` (another file name or size): its tokenizer was trained on that corpus and its shards encode it, and
     adaptations of this or another experiment (``models_from``) read them. Nothing is written; the message says how
@@ -176,7 +212,7 @@ def check_same_corpus(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus:
     old = recorded.get("settings") if isinstance(recorded, dict) else None
     if not isinstance(old, dict):
         return
-    new = prepare_settings(cfg, lang)
+    new = prepare_settings(cfg, lang, in_source)
     if all(old.get(k) == new.get(k) for k in ("corpus", "corpus_bytes")):
         return
     def size(n: object) -> str:
@@ -194,7 +230,7 @@ def check_same_corpus(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus:
 
 
 def _prepare(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path, progress: bool,
-             stop: Callable[[], str | None]) -> str:
+             stop: Callable[[], str | None], in_source: bool = False) -> str:
     d = cfg.data
     workers = workers_for(d.encode_threads)
     tok: Tokenizer | HFTokenizer | None
@@ -225,7 +261,7 @@ def _prepare(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus: Path, pr
     tokens = sum(e["tokens"] for e in manifest["shards"])
     log.info(f"prepare {lang}: {paths.shards}: {len(manifest['shards'])} shards, {tokens:,} tokens")
     # the corpus the shards came from, by content: recorded by every step that reads them (``provenance.Outside``)
-    atomic.write_json(paths.done, {"settings": prepare_settings(cfg, lang), "tokenizer_sha256": tok.sha256,
+    atomic.write_json(paths.done, {"settings": prepare_settings(cfg, lang, in_source), "tokenizer_sha256": tok.sha256,
                                    "shards": len(manifest["shards"]), "tokens": tokens,
                                    "corpus_path": str(corpus.resolve()), "corpus_sha256": atomic.file_sha256(corpus)})
     return ""

@@ -1,6 +1,7 @@
 """Step 1b (MiniPost): from a 12-layer MLM (a BL_BASE checkpoint or a Hugging Face RoBERTa/XLM-R
 directory), copy the embeddings, the bottom N layers and the MLM head, insert ``bridge.layers`` new
-layers between them, and train only the new layers with MLM in the source language."""
+layers between them, and train only the new layers with MLM in the source language (and, ``bridge.langs``, in
+other languages' text in the source tokenizer)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import numpy as np
 import torch
 
 from minimodel.config.schema import ExperimentConfig, is_hf_source
-from minimodel.data.mlm import MLMDataModule, mlm_datamodule
-from minimodel.data.prepare import load_source_tokenizer
-from minimodel.data.tokenizer import AnyTokenizer
+from minimodel.data.mlm import BlockDataset, MixPart, MLMDataModule, mlm_datamodule
+from minimodel.data.prepare import is_prepared, load_source_tokenizer, prepared_paths
+from minimodel.data.shards import ShardError, TokenStream
+from minimodel.data.tokenizer import AnyTokenizer, Tokenizer, TokenizerError
 from minimodel.errors import ConfigError
 from minimodel.flops import LayerShape, bridge_flops
 from minimodel.log import get_logger, process_rank
@@ -25,8 +27,8 @@ from minimodel.models.model import RobertaMLM
 from minimodel.models.surgery import bridge_trainable, build_minipost, primary_only, trainable_parameters
 from minimodel.store import atomic
 from minimodel.store.checkpoints import CheckpointError, TrainingMeta, load_final_model, load_trained_model
-from minimodel.store.layout import BRIDGE_INFO, is_done
-from minimodel.store.provenance import primary_source, producers
+from minimodel.store.layout import BRIDGE_INFO, is_done, prepared
+from minimodel.store.provenance import data_input, primary_source, producers
 from minimodel.systems import stage_plan
 from minimodel.training.mlm import MLMModule
 from minimodel.training.runner import Runner, Stage, StageResult, Training
@@ -87,7 +89,7 @@ def check_depth(cfg: ExperimentConfig, layers: int, source: str) -> None:
 
 def fit_blocks(data: MLMDataModule, tokens: int) -> list[torch.Tensor]:
     """The first training blocks of ``data`` (unmasked token ids) that hold at least ``tokens`` tokens, in order."""
-    train = data.train_set
+    train = data.own_train
     n = min(len(train), max(1, math.ceil(tokens / data.seq_len)))
     return [torch.from_numpy(train.block(train.blocks[i]).astype(np.int64)) for i in range(n)]
 
@@ -105,10 +107,11 @@ def fit_bridge_map(cfg: ExperimentConfig, primary: RobertaMLM, data: MLMDataModu
     return fit
 
 
-def val_blocks(cfg: ExperimentConfig, data: MLMDataModule) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The validation blocks and their labels as validation reads them (at most ``trainer.val_batches``
-    micro-batches)."""
-    val = data.val_set
+def val_blocks(cfg: ExperimentConfig, data: MLMDataModule, val: BlockDataset | None = None
+               ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The validation blocks (``val``: of another corpus than the source language's) and their labels as validation
+    reads them (at most ``trainer.val_batches`` micro-batches)."""
+    val = data.val_set if val is None else val
     n = len(val) if not cfg.bridge.trainer.val_batches else min(len(val),
                                                                  cfg.bridge.trainer.val_batches * data.micro_batch)
     items = [val[i] for i in range(n)]
@@ -129,25 +132,95 @@ def step0_losses(cfg: ExperimentConfig, mini: RobertaMLM, primary: RobertaMLM, d
             "step0_top1": agree["top1_agreement"]}
 
 
-def final_agreement(cfg: ExperimentConfig, mini: RobertaMLM, primary: RobertaMLM, data: MLMDataModule
-                    ) -> dict[str, float | int]:
-    """After the last update: how closely the trained mini-model follows the source on the validation blocks (what
-    step 2's embeddings need, since the full model reads them: docs/extensions.md). Both models are read on the CPU
-    and go back where they were, so a GPU run holds nothing beyond what ``minimodel plan`` priced (the LM objective
-    keeps no teacher on the device); the cost is one CPU forward of each over the validation blocks."""
-    ids, labels = val_blocks(cfg, data)
+def _on_cpu(mini: RobertaMLM, primary: RobertaMLM, ids: list[torch.Tensor], labels: list[torch.Tensor]
+            ) -> dict[str, float]:
+    """``agreement`` with both models on the CPU, each back where it was after: a GPU run holds nothing beyond what
+    ``minimodel plan`` priced (the LM objective keeps no teacher on the device)."""
     homes = next(mini.parameters()).device, next(primary.parameters()).device
     mini.cpu()
     primary.cpu()
     try:
-        agree = agreement(mini, primary, ids, labels)
+        return agreement(mini, primary, ids, labels)
     finally:
         mini.to(homes[0])
         primary.to(homes[1])
+
+
+def final_agreement(cfg: ExperimentConfig, mini: RobertaMLM, primary: RobertaMLM, data: MLMDataModule
+                    ) -> dict[str, float | int]:
+    """After the last update: how closely the trained mini-model follows the source on the validation blocks (what
+    step 2's embeddings need, since the full model reads them: docs/extensions.md), read on the CPU (``_on_cpu``);
+    the cost is one CPU forward of each over the validation blocks."""
+    agree = _on_cpu(mini, primary, *val_blocks(cfg, data))
     log.info(f"bridge: after training, KL(source || mini-model) {agree['kl']:.4f} on the {cfg.source_lang} "
              f"validation blocks, top-1 agreement {agree['top1_agreement']:.1%}, the mini-model's loss "
              f"{agree['lm_loss']:.4f}")
     return agree
+
+
+def langs_agreement(cfg: ExperimentConfig, mini: RobertaMLM, primary: RobertaMLM, data: MLMDataModule, when: str
+                    ) -> dict[str, dict[str, float]]:
+    """``bridge.langs``: how closely the mini-model follows the source on each other language's validation blocks
+    (in the source tokenizer; never trained on), ``when`` (step 0 or after training)."""
+    out = {}
+    for part, val in zip(data.mix, data.mix_val, strict=True):
+        out[part.name] = agree = _on_cpu(mini, primary, *val_blocks(cfg, data, val))
+        log.info(f"bridge, {when}: KL(source || mini-model) {agree['kl']:.4f} on the {part.name} validation blocks, "
+                 f"top-1 agreement {agree['top1_agreement']:.1%}, the mini-model's loss {agree['lm_loss']:.4f}")
+    return out
+
+
+HELD_OUT_MARGIN = 1.25
+"""``bridge.langs``: the tail of a language's text in the source tokenizer that step 1b never trains on spans at least
+this many times the characters of step 2's held-out text of that language under its own tokenizer (the last
+``data.val_blocks`` blocks, to the corpus' end), so that no step-2 evaluation reads text the bridge was trained on: an
+extended vocabulary's held-out blocks span a few percent more characters than the language's own (6% in French with
+SmolLM2's), and a block's edges cut characters."""
+
+
+def held_out_tail(cfg: ExperimentConfig, lang: str, stream: TokenStream, tok: AnyTokenizer) -> dict[str, int]:
+    """How many blocks at the end of ``lang``'s text in the source tokenizer (``stream``) step 1b leaves out: its own
+    validation blocks, and at least ``HELD_OUT_MARGIN`` x the characters of step 2's held-out text of ``lang`` (read
+    from the language's own prepared data, whatever ``adapt.vocabulary`` is: the bridge does not depend on it)."""
+    d = cfg.data
+    span = d.seq_len - 1
+    own = prepared(d.prepared_dir, lang)
+    try:
+        own_stream, own_tok = TokenStream.open(own.shards), Tokenizer(own.tokenizer)
+    except (ShardError, OSError, TokenizerError) as e:
+        raise ShardError(f"bridge.langs includes {lang}: the bridge holds out the text step 2 evaluates {lang} on, "
+                         f"which {own.shards.parent} should hold ({e}); run `minimodel prepare` on this experiment "
+                         f"with --langs={lang}") from e
+    start = (len(own_stream) // span - d.val_blocks) * span
+    step2 = len(own_tok.decode(own_stream.slice(max(0, start), len(own_stream)).tolist()))
+    n = len(stream) // span
+    chars, held = len(tok.decode(stream.slice(n * span, len(stream)).tolist())), 0  # the partial block at the end
+    while held < n - 1 and (held < d.val_blocks or chars < HELD_OUT_MARGIN * step2):
+        held += 1
+        chars += len(tok.decode(stream.slice((n - held) * span, (n - held + 1) * span).tolist()))
+    if chars < HELD_OUT_MARGIN * step2:
+        raise ShardError(f"bridge.langs includes {lang}, whose text in the source tokenizer ({n} blocks, {chars:,} "
+                         f"characters) is no longer than {HELD_OUT_MARGIN} x step 2's held-out text of it ({step2:,} "
+                         f"characters): nothing would be left to train on; use a larger corpus or leave {lang} out")
+    return {"held_out_blocks": held, "held_out_chars": chars, "step2_held_out_chars": step2, "train_blocks": n - held}
+
+
+def mixed_languages(cfg: ExperimentConfig, tok: AnyTokenizer) -> tuple[tuple[MixPart, ...], dict[str, dict]]:
+    """``bridge.langs``: each language's text in the source tokenizer as a corpus step 1b reads in turn with the
+    source language's (``MixPart``), and what it holds out (``held_out_tail``)."""
+    parts, record = [], {}
+    for lang in cfg.bridge.langs:
+        paths = prepared_paths(cfg, lang, in_source=True)
+        if not is_prepared(cfg, lang, in_source=True):
+            raise ShardError(f"bridge.langs includes {lang}, whose text in the source tokenizer ({paths.tokenizer}) "
+                             f"is not prepared in {paths.shards}: run `minimodel prepare` on this experiment with "
+                             f"--langs={lang}")
+        record[lang] = held_out_tail(cfg, lang, TokenStream.open(paths.shards), tok)
+        parts.append(MixPart(paths.shards, record[lang]["held_out_blocks"], lang))
+        log.info(f"bridge.langs: {lang} ({paths.shards}): {record[lang]['train_blocks']:,} training blocks; the last "
+                 f"{record[lang]['held_out_blocks']:,} ({record[lang]['held_out_chars']:,} characters, against step "
+                 f"2's held-out {record[lang]['step2_held_out_chars']:,}) never trained on")
+    return tuple(parts), record
 
 
 def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
@@ -168,7 +241,8 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
 
     def build(inputs: tuple[RobertaMLM, AnyTokenizer]) -> Training:
         primary, tok = inputs
-        data = mlm_datamodule(cfg, cfg.source_lang, b.optim, b.trainer.seed, tok)
+        mix, mixed = mixed_languages(cfg, tok)
+        data = mlm_datamodule(cfg, cfg.source_lang, b.optim, b.trainer.seed, tok, mix=mix)
         data.setup()
         fit = fit_bridge_map(cfg, primary, data) if b.init == "affine" else None
         mini = build_minipost(primary, b.depth, b.layers, seed=b.trainer.seed, init=b.init,
@@ -178,9 +252,12 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         log.info(f"MiniPost mini-model: {b.depth} copied + {b.layers} {'new' if b.init == 'random' else 'copied top'} "
                  f"layers{' after an affine map' if fit is not None else ''} (bridge.init={b.init}), trained on "
                  f"{'distillation from the ' + str(primary.cfg.layers) + '-layer source' if teacher else 'the LM loss'}"
-                 f"; {n_train:,} trainable parameters")
+                 f" over {', '.join([cfg.source_lang, *b.langs])} text; {n_train:,} trainable parameters")
         info = {"init": b.init, "objective": b.objective, "distill_mse": b.distill_mse, "depth": b.depth,
                 "bridge_layers": b.layers, "trainable_parameters": n_train, **step0_losses(cfg, mini, primary, data)}
+        if mix:
+            step0 = langs_agreement(cfg, mini, primary, data, "step 0")
+            info["langs"] = {lang: {**mixed[lang], "step0": step0[lang]} for lang in b.langs}
         if fit is not None:
             info["affine"] = {"tokens": fit.tokens, "r2": fit.r2, "from_layer": b.depth,
                               "to_layer": primary.cfg.layers - b.layers}
@@ -194,15 +271,19 @@ def run_bridge(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
                             tokenizer={"path": str(tok.path), "sha256": tok.sha256},
                             extra={"primary": r.primary, "depth": b.depth, "bridge_layers": b.layers,
                                    "trainable_parameters": n_train, "init": b.init, "objective": b.objective,
-                                   "step0_loss": info["step0_loss"]})
+                                   "langs": list(b.langs), "step0_loss": info["step0_loss"]})
         module = MLMModule(mini, b.optim, meta, flops, trainable=bridge_trainable(b.depth), adamw=b.trainer.adamw,
                            teacher=teacher, distill_mse=b.distill_mse)
         def finish(_: object) -> dict:
             info["final"] = final_agreement(cfg, module.model, primary, data)
+            for lang, agree in langs_agreement(cfg, module.model, primary, data, "after training").items():
+                info["langs"][lang]["final"] = agree
             atomic.write_json(plan.writes / BRIDGE_INFO, info)  # rank 0 only, as finish is
             return {"bridge": info}
 
         return Training(module, data, b.optim, b.trainer, flops_per_update=flops,
                         tokens_per_update=b.optim.global_batch * cfg.data.seq_len, finish=finish)
 
-    return Runner(cfg, Stage("bridge", plan.writes, b.trainer.seed, inputs=producers(pretrain=r.pretrain, source=primary_source(cfg, r))), prepare, build).run(progress_bar)
+    mixed_data = {f"data_{lang}": data_input(prepared_paths(cfg, lang, in_source=True)) for lang in b.langs}
+    inputs = producers(pretrain=r.pretrain, source=primary_source(cfg, r), **mixed_data)
+    return Runner(cfg, Stage("bridge", plan.writes, b.trainer.seed, inputs=inputs), prepare, build).run(progress_bar)

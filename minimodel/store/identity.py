@@ -50,7 +50,7 @@ def stage_identity(stage: str) -> tuple[str, ...]:
                 *trainer, *(f"tasks.{task}.{k}" for k in _TASK))
     extra = {"pretrain": ("pretrain.head_weights", "pretrain.forget_every", "pretrain.forget_lr_restart"),
              "bridge": ("bridge.depth", "bridge.layers", "bridge.source", "bridge.init", "bridge.fit_tokens",
-                        "bridge.objective", "bridge.distill_mse"),
+                        "bridge.objective", "bridge.distill_mse", "bridge.langs"),
              "adapt": ("adapt.init", "adapt.vocabulary", "adapt.focus", "adapt.head", "adapt.schedule",
                        "adapt.data_fraction", "adapt.trainer.ckpt_every",
                        "adapt.trainer.ckpt_steps")}.get(kind, ())

@@ -249,6 +249,9 @@ class Prepared:
     # adapt.vocabulary=extend: the language's own SentencePiece model, whose pieces the source tokenizer is extended
     # with (``data.extend``); "" for a language's own tokenizer
     base: str = ""
+    # the language's text in another language's SentencePiece model (``bridge.langs``: the source language's), which
+    # prepare reads and never trains
+    borrowed: bool = False
 
     @property
     def done(self) -> Path:
@@ -268,12 +271,19 @@ def _slug(ref: str) -> str:
     return f"{name}-{hashlib.sha1(ref.encode()).hexdigest()[:8]}"
 
 
-def prepared(prepared_dir: str | Path, lang: str, hf_tokenizer: str = "", extends: str | None = None) -> Prepared:
+def prepared(prepared_dir: str | Path, lang: str, hf_tokenizer: str = "", extends: str | None = None,
+             in_source: str = "") -> Prepared:
     """Tokenizer and shards of ``lang``; ``hf_tokenizer``: the Hugging Face tokenizer of the source language.
     ``extends`` (``adapt.vocabulary: extend``, a target language): the source tokenizer it extends, a Hugging Face
     one's reference or "" for the source language's SentencePiece model; the extended tokenizer and the shards it
-    encodes live apart, in ``{lang}/extend-{source}/``, beside the language's own SentencePiece model."""
+    encodes live apart, in ``{lang}/extend-{source}/``, beside the language's own SentencePiece model.
+    ``in_source`` (``bridge.langs``): the source language, whose tokenizer encodes ``lang``'s text here: a Hugging
+    Face one's shards in ``{lang}/hf-{name}/`` (as the source language's own), the source language's SentencePiece
+    model's in ``{lang}/in-{source}-spm/``."""
     root = Path(prepared_dir) / lang
+    if in_source and not hf_tokenizer:
+        return Prepared(lang, str(Path(prepared_dir) / in_source / "spm.model"), root / f"in-{in_source}-spm" / "shards",
+                        borrowed=True)
     if extends is not None:
         d = root / f"extend-{_slug(extends) if extends else 'spm'}"
         return Prepared(lang, str(d / ("tokenizer" if extends else "spm.model")), d / "shards", hf=bool(extends),
