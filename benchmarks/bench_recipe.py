@@ -182,7 +182,8 @@ def part_bridge(args: argparse.Namespace) -> None:
                "affine_r2": info.get("affine", {}).get("r2"), "seconds_this_call": seconds,
                "outcome": result.outcome.value, "stopped_at": result.step if result.outcome.value == "stopped" else None,
                "flops": result.done.get("flops"), "train_loss": train_losses(result.run_dir),
-               "overrides": args.override, "cpu": platform.processor() or _cpu()}
+               "overrides": args.override, "cpu": platform.processor() or _cpu(),
+               "langs": info.get("langs")}  # bridge.langs: per language, what it held out and its KL before and after
         key = f"N{args.depth}/{init}:{objective}{_suffix(args, '@')}"
         figures = json.loads(args.json.read_text()).get("bridge", {}) if args.json.exists() else {}
         figures[key] = row

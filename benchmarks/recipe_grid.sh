@@ -21,6 +21,13 @@ $B bridge --depth 12 --runs "$BRIDGES"
 # how closely each finished bridge follows SmolLM2 (a few minutes; measured again on every run of this script)
 $B alignment --depth 12 --runs affine:distill --langs fr,ru "${LR2[@]}"
 $B alignment --depth 12 --runs "$BRIDGES" --langs fr,ru
+# (c) bridge.langs: the lr-2e-3 distilled bridge trained on English, French and Russian text in SmolLM2's tokens (a
+# third each; step 2's held-out text never read), its alignment, and MiniPost's step 2 over it (mean, replaced
+# vocabulary). Needs: minimodel prepare experiments/recipe_smollm2.yaml "bridge.langs=[fr,ru]" --langs fr,ru --only source
+LANGS=(--tag lr2e-3-langs-fr-ru --override bridge.optim.lr=2.0e-3 --override "bridge.langs=[fr,ru]")
+$B bridge --depth 12 --runs affine:distill "${LANGS[@]}"
+$B alignment --depth 12 --runs affine:distill --langs fr,ru "${LANGS[@]}"
+$B embeddings --depth 12 --systems minipost --inits mean --vocabularies replace --langs fr,ru "${LANGS[@]}"
 # (b) step 2: every adapt.init and both vocabularies, 500 updates, over the full model (BL_BASE) and over the
 # mini-model (MiniPost over the lr-2e-3 distilled bridge); mean first, the initialisation the recipe uses. Under
 # extend, random is the overlap start (every piece SmolLM2 has is kept; the new ones start random under both), so

@@ -200,3 +200,7 @@ def test_a_bridge_over_two_languages_trains_on_both_and_never_on_step_2s_held_ou
     assert len(probes) > 5 and all(p in everything for p in probes)  # the check can see them where they are
     assert not any(p in trained for p in probes)
     assert np.isfinite(info["final"]["kl"]) and info["final"]["tokens"] > 0  # English, as without bridge.langs
+    from minimodel.report.bridges import bridge_rows
+
+    [row] = bridge_rows(run.run_dir.parent.parent)
+    assert row[1] == "copy, distill, N = 2 + 1, + de text"

@@ -76,6 +76,8 @@ def bridge_rows(root: Path, chosen: Mapping[str, str] | None = None) -> list[lis
             recipe += f" + {info['distill_mse']:g} MSE"
         if "depth" in info:
             recipe += f", N = {info['depth']} + {info.get('bridge_layers', '?')}"
+        if isinstance(info.get("langs"), dict) and info["langs"]:  # bridge.langs: the other languages it read
+            recipe += f", + {', '.join(info['langs'])} text"
         source, final = info.get("source_loss"), info.get("final") or {}
         flops = float(done["flops"])
         rows.append([shown, recipe, f"{int(done.get('step', 0)):,}", f"{flops / 1e18:.4g}",
@@ -94,7 +96,8 @@ def bridge_section(root: Path, chosen: Mapping[str, str] | None = None) -> list[
             "Each finished MiniPost bridge of this experiment: how it started and what it minimised (bridge.init, "
             "bridge.objective), its updates and FLOPs (A4; a distilled bridge's include the frozen source model's "
             "forward pass, an affine one the map's), and how far the mini-model is from its source on the source "
-            "language's validation blocks: its loss minus the source's before any update and after the last one, "
+            "language's validation blocks (a bridge that also read other languages' text, bridge.langs, keeps its "
+            "figures on theirs in bridge_info.json): its loss minus the source's before any update and after the last one, "
             "and KL(source || mini-model) per token and top-1 agreement after the last one (— where the run "
             "predates that record). The cost is paid once per mini-model and shared by every target language, so "
             "Table 2, the curves and the times to target price step 2 only, as the paper does.", "",
