@@ -356,13 +356,15 @@ def part_embeddings(args: argparse.Namespace) -> None:
             for system in args.systems:
                 for init in args.inits:
                     over = f"[{args.bridge_recipe}]" if system == "minipost" and args.bridge_recipe != BRIDGE else ""
-                    key = f"{system}/{variant}{init}{over}{_suffix(args, '@')}"
+                    seed = f"#s{args.adapt_seed}" if args.adapt_seed else ""  # another step-2 seed: a row of its own
+                    key = f"{system}/{variant}{init}{over}{_suffix(args, '@')}{seed}"
                     if _finished(args, "embeddings", lang, key, args.adapt_updates):
                         continue
                     _, cfg = bridge_run(args, bridge_init, objective, f"system={system}", f"lang={lang}",
                                         f"adapt.init={init}", f"adapt.vocabulary={vocabulary}",
-                                        f"adapt.tag={variant.replace('/', '-')}{init}",
-                                        f"adapt.optim.updates={args.adapt_updates}")
+                                        f"adapt.tag={variant.replace('/', '-')}{init}{seed.replace('#', '-')}",
+                                        f"adapt.optim.updates={args.adapt_updates}",
+                                        *([f"adapt.trainer.seed={args.adapt_seed}"] if args.adapt_seed else []))
                     target = load_prepared_tokenizer(cfg, lang)  # extend: SmolLM2's pieces plus the target's new ones
                     if system == "minipost":
                         ensure_bridge(args, bridge_init, objective)
@@ -374,7 +376,8 @@ def part_embeddings(args: argparse.Namespace) -> None:
                         "tokens_per_update": cfg.adapt.optim.global_batch * cfg.data.seq_len,
                         "seconds_this_call": seconds, "outcome": result.outcome.value,
                         "init_info": json.loads((result.run_dir / "adapt_info.json").read_text())["init"],
-                        "overrides": args.override, "cpu": platform.processor() or _cpu(), "checkpoints": {}}
+                        "overrides": args.override, "cpu": platform.processor() or _cpu(), "checkpoints": {},
+                        "seed": cfg.adapt.trainer.seed}
                     for path in adaptation_checkpoints(result.run_dir):
                         adapted = load_adaptation(path)
                         model, _ = load_primary(base.bridge.source, base.model.family, runs_dir=str(base.runs_dir))
@@ -408,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--systems", type=lambda s: s.split(","), default=["minipost", "bl_base"])
     p.add_argument("--inits", type=lambda s: s.split(","), default=["mean", "overlap", "random"])
     p.add_argument("--adapt-updates", type=int, default=500)
+    p.add_argument("--adapt-seed", type=int, default=0, help="embeddings: step 2 with this adapt.trainer.seed (its data "
+                                                             "order and random rows), over the same mini-model; rows "
+                                                             "keyed KEY#sN (0: the recipe file's seed, the grid's rows)")
     p.add_argument("--vocabularies", type=lambda s: s.split(","), default=["replace", "extend"])
     p.add_argument("--bridge-recipe", default=BRIDGE, help="the mini-model MiniPost's step 2 runs over "
                                                                       "(the bridge run of part (a), init:objective)")

@@ -6,6 +6,7 @@
 #     OMP_NUM_THREADS=2 nohup bash benchmarks/recipe_grid.sh > logs/recipe_grid.log 2>&1 &
 # Needs the GGUF (bash scripts/get_smollm2.sh) and the prepared data: minimodel prepare
 # experiments/recipe_smollm2.yaml --langs en,fr,ru, and again with adapt.vocabulary=extend --langs fr,ru.
+# Sections run in the order written: a, c, d, then what is left of b.
 # On a 2-core Intel Xeon: about 22 minutes a bridge trained on the LM loss, 70 a distilled one; 10-15 a MiniPost
 # step 2 of 500 updates, 25-30 a BL_BASE one (the extended vocabulary costs more: its output layer has 52-54k rows).
 # Not in the grid: the lr-1e-3 affine:distill bridge (its row is from another VM; step 2 reads the lr-2e-3 one).
@@ -23,11 +24,18 @@ $B alignment --depth 12 --runs affine:distill --langs fr,ru "${LR2[@]}"
 $B alignment --depth 12 --runs "$BRIDGES" --langs fr,ru
 # (c) bridge.langs: the lr-2e-3 distilled bridge trained on English, French and Russian text in SmolLM2's tokens (a
 # third each; step 2's held-out text never read), its alignment, and MiniPost's step 2 over it (mean, replaced
-# vocabulary). Needs: minimodel prepare experiments/recipe_smollm2.yaml "bridge.langs=[fr,ru]" --langs fr,ru --only source
+# vocabulary). French and Russian in SmolLM2's tokens first (seconds; skipped when prepared):
+.venv/bin/minimodel prepare experiments/recipe_smollm2.yaml "bridge.langs=[fr,ru]" --langs fr,ru --only source --no-progress
 LANGS=(--tag lr2e-3-langs-fr-ru --override bridge.optim.lr=2.0e-3 --override "bridge.langs=[fr,ru]")
 $B bridge --depth 12 --runs affine:distill "${LANGS[@]}"
 $B alignment --depth 12 --runs affine:distill --langs fr,ru "${LANGS[@]}"
 $B embeddings --depth 12 --systems minipost --inits mean --vocabularies replace --langs fr,ru "${LANGS[@]}"
+# (d) spread: the decisive French step-2 rows (MiniPost over the lr-2e-3 distilled bridge, and BL_BASE; mean,
+# replaced vocabulary) again with adapt.trainer.seed 2 and 3 (another data order; the same mini-model), rows KEY#sN
+for seed in 2 3; do
+  $B embeddings --depth 12 --systems minipost --inits mean --vocabularies replace --langs fr "${LR2[@]}" --adapt-seed "$seed"
+  $B embeddings --depth 12 --systems bl_base --inits mean --vocabularies replace --langs fr --adapt-seed "$seed"
+done
 # (b) step 2: every adapt.init and both vocabularies, 500 updates, over the full model (BL_BASE) and over the
 # mini-model (MiniPost over the lr-2e-3 distilled bridge); mean first, the initialisation the recipe uses. Under
 # extend, random is the overlap start (every piece SmolLM2 has is kept; the new ones start random under both), so
