@@ -43,7 +43,12 @@ def cmd_prepare(cfg: ExperimentConfig, args: argparse.Namespace) -> str:
     from minimodel.data.prepare import bridge_reads, prepare_jobs, prepare_language
 
     every = [cfg.source_lang, *cfg.target_langs]
-    langs = args.langs.split(",") if args.langs else [*every, *(x for x in bridge_reads(cfg) if x not in every)]
+    if args.langs:
+        langs = args.langs.split(",")
+    elif args.only == "source":  # the languages step 1b reads in the source tokenizer
+        langs = list(bridge_reads(cfg))
+    else:
+        langs = [*every, *(x for x in bridge_reads(cfg) if x not in every)]
     for lang in langs:
         if not is_path_component(lang):
             raise UserError(f"--langs={args.langs!r}: the language {lang!r} names a corpus file and a prepared "

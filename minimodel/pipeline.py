@@ -5,7 +5,8 @@ One experiment file is one system (``experiments/minijoint.yaml``); ``sweep:`` e
 variants (the depth sweep). Which steps a system has and which runs it shares with another system
 (MiniPost's step 1 and finetuned models are BL_BASE's) come from its declaration in ``systems.py``.
 Data are prepared one step per language (``prepare-{lang}``): pretraining waits for the source language only,
-a target language's adaptation and evaluation for that language only. Nothing here imports torch."""
+a target language's adaptation and evaluation for that language only; a bridge that reads other languages' text
+(``bridge.langs``) also for their ``prepare-{lang}-source`` steps. Nothing here imports torch."""
 
 from __future__ import annotations
 

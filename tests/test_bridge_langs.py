@@ -4,7 +4,9 @@ source language's, never on the text step 2 is measured on (issue 52's next leve
 from __future__ import annotations
 
 import json
+import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -127,6 +129,53 @@ def test_prepare_encodes_a_bridge_language_in_the_source_tokenizer(data, corpus_
     assert not (fresh / "prepared" / "en").exists()
 
 
+def test_what_the_bridge_holds_out_covers_every_step_2_tokenization(data, corpus_dir):
+    """The tail left out is counted in lines (every line ends in </s> under any tokenizer), over each step-2
+    tokenization of the language prepared (its own SentencePiece model's and the extended one's); step 2 refuses a
+    bridge whose tail does not hold its own held-out text whole."""
+    from minimodel.data.prepare import prepare_language
+    from minimodel.stages.bridge import check_held_out, held_out_tail, line_ends, step2_held_out_lines
+
+    cfg = cfg_of(data, corpus_dir, "bridge.langs=[de]")
+    extend = replace(cfg, adapt=replace(cfg.adapt, vocabulary="extend"))
+    prepare_language(extend, "de", progress=False)  # de's extended tokenizer and its shards
+    prepare_language(cfg, "de", progress=False, in_source=True)
+    span, eos = cfg.data.seq_len - 1, load_prepared_tokenizer(cfg, "en").specials.eos
+    lines = step2_held_out_lines(cfg, "de")
+    assert set(lines) == {"replace", "extend"} and all(n > 1 for n in lines.values())
+    source = TokenStream.open(prepared_paths(cfg, "de", in_source=True).shards)
+    record = held_out_tail(cfg, "de", source, eos)
+    n = len(source) // span
+    assert record["train_blocks"] == n - record["held_out_blocks"]
+    assert record["held_out_lines"] == line_ends(source, record["train_blocks"] * span, eos)
+    assert record["held_out_lines"] >= math.ceil(1.25 * max(lines.values())) + 1
+    # one block fewer would not hold them: the tail is the shortest that does
+    assert line_ends(source, (record["train_blocks"] + 1) * span, eos) < math.ceil(1.25 * max(lines.values())) + 1
+    for c in (cfg, extend):  # step 2 with either vocabulary accepts this bridge, and refuses one a line short
+        stream = TokenStream.open(prepared_paths(c, "de").shards)
+        mine = line_ends(stream, (len(stream) // span - cfg.data.val_blocks) * span, 2)
+        check_held_out(c, "de", {"langs": {"de": record}}, stream, 2)
+        check_held_out(c, "de", {"langs": {"de": {**record, "held_out_lines": mine + 1}}}, stream, 2)
+        with pytest.raises(ShardError, match="measured on text the bridge trained on"):
+            check_held_out(c, "de", {"langs": {"de": {**record, "held_out_lines": mine}}}, stream, 2)
+        check_held_out(c, "de", {}, stream, 2)  # a bridge of the source language only: nothing to check
+    with pytest.raises(ShardError, match="--langs=tr"):  # nothing of step 2's data for it: said, not guessed
+        step2_held_out_lines(replace(cfg, data=replace(cfg.data, prepared_dir=str(data / "nowhere"))), "tr")
+
+
+def test_prepare_only_source_prepares_what_the_bridge_reads(data, corpus_dir):
+    args = [str(ROOT / "experiments" / "tiny.yaml"), *tiny_overrides(data, corpus_dir, data), "data.num_workers=0",
+            *MINIPOST, "bridge.langs=[de]"]
+    assert main(["prepare", *args, "--only=source", "--no-progress"]) == 0  # no --langs: the bridge's languages
+    cfg = cfg_of(data, corpus_dir, "bridge.langs=[de]")
+    assert is_prepared(cfg, "de", in_source=True) and not (data / "prepared" / "tr" / "in-en-spm").exists()
+    # with models_from the bridge is another experiment's: nothing to prepare for it
+    from minimodel.data.prepare import bridge_reads
+
+    assert bridge_reads(cfg) == ("de",)
+    assert bridge_reads(cfg_of(data, corpus_dir, "bridge.langs=[de]", "models_from=other")) == ()
+
+
 def test_the_plan_prepares_the_bridge_languages_before_the_bridge(tmp_path):
     overrides = [f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}",
                  f"data.corpus_dir={ROOT / 'data' / 'demo' / 'corpus'}", "target_langs=[de,tr]", "bridge.langs=[de,fr]"]
@@ -181,7 +230,7 @@ def test_a_bridge_over_two_languages_trains_on_both_and_never_on_step_2s_held_ou
     info = json.loads((run.run_dir / "bridge_info.json").read_text())
     de = info["langs"]["de"]
     assert de["held_out_blocks"] >= cfg.data.val_blocks and de["train_blocks"] > 0
-    assert de["held_out_chars"] >= HELD_OUT_MARGIN * de["step2_held_out_chars"] > 0
+    assert de["held_out_lines"] >= math.ceil(HELD_OUT_MARGIN * de["step2_held_out_lines"]["replace"]) + 1 > 1
     assert de["step0"]["kl"] > 0 and de["final"]["kl"] >= 0 and de["final"] != de["step0"]
     assert run.done["bridge"]["langs"]["de"]["final"] == de["final"]
     assert "data_de" in json.loads((run.run_dir / "inputs.json").read_text())
@@ -204,3 +253,17 @@ def test_a_bridge_over_two_languages_trains_on_both_and_never_on_step_2s_held_ou
 
     [row] = bridge_rows(run.run_dir.parent.parent)
     assert row[1] == "copy, distill, N = 2 + 1, + de text"
+    # step 2 over it: its held-out German is inside what the bridge held out (check_held_out), so it runs
+    from minimodel.stages.adapt import run_adapt
+
+    adapt = stage_overrides(["adapt"], updates=2, **TINY_STAGE, ckpt_every=2, val_every=2, log_every=1)
+    done = run_adapt(replace(cfg_of(data, corpus_dir, *stages, *adapt, "bridge.langs=[de]", "bridge.objective=distill",
+                                    "bridge.init=copy", f"bridge.source={base / 'checkpoints' / 'last.ckpt'}"),
+                             lang="de"), progress_bar=False)
+    assert done.outcome.value == "finished"
+    info["langs"]["de"]["held_out_lines"] = 1  # as if the bridge had trained on step 2's held-out German
+    (run.run_dir / "bridge_info.json").write_text(json.dumps(info))
+    with pytest.raises(ShardError, match="measured on text the bridge trained on"):
+        run_adapt(replace(cfg_of(data, corpus_dir, *stages, *adapt, "bridge.langs=[de]", "bridge.objective=distill",
+                                 "bridge.init=copy", f"bridge.source={base / 'checkpoints' / 'last.ckpt'}",
+                                 "adapt.tag=again"), lang="de"), progress_bar=False)

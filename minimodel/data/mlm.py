@@ -244,9 +244,9 @@ class MLMDataModule(L.LightningDataModule):
         parts = [own]
         for i, part in enumerate(self.mix, start=1):
             s, n = self._open(part.shard_dir)
-            if not self.val_blocks <= part.held_out < n:
+            if not self.val_blocks <= part.held_out <= n - self.val_blocks:
                 raise ShardError(f"{part.shard_dir}: {part.held_out} blocks held out of {n}: at least its "
-                                 f"{self.val_blocks} validation blocks and fewer than all of them")
+                                 f"{self.val_blocks} validation blocks, and as many left to train on")
             parts.append(BlockDataset(stream=s, blocks=train_blocks(n, part.held_out, self.train_fraction),
                                       shuffle=True, stream_id=i, **common))
             self.mix_val.append(BlockDataset(stream=s, blocks=range(n)[n - self.val_blocks:], shuffle=False,

@@ -144,8 +144,8 @@ def _extension_current(cfg: ExperimentConfig, paths: Prepared) -> bool:
 
 def bridge_reads(cfg: ExperimentConfig) -> tuple[str, ...]:
     """The languages besides the source whose text in the source tokenizer this configuration's step 1b reads
-    (``bridge.langs``; none for a system without a bridge)."""
-    return tuple(cfg.bridge.langs) if stage_plan(cfg, "bridge").runs_here else ()
+    (``bridge.langs``; none for a system without a bridge, or whose bridge is another experiment's: ``models_from``)."""
+    return tuple(cfg.bridge.langs) if stage_plan(cfg, "bridge").runs_here and not cfg.models_from else ()
 
 
 def prepare_jobs(cfg: ExperimentConfig, lang: str, only: str = "") -> tuple[bool, ...]:

@@ -42,6 +42,7 @@ from minimodel.store import atomic
 from minimodel.store.checkpoints import Adaptation, CheckpointError, TrainingMeta, load_final_model
 from minimodel.store.layout import (
     ADAPT_INFO,
+    BRIDGE_INFO,
     adaptation_checkpoint,
     adaptation_checkpoints,
     is_done,
@@ -374,6 +375,13 @@ def run_adapt(cfg: ExperimentConfig, progress_bar: bool = True) -> StageResult:
         # progressive: an adaptation checkpoint at the end of every phase but the last
         ends = sorted({*a.trainer.ckpt_steps, *(p.end for p, _ in phases[:-1])})
         data = mlm_datamodule(cfg, cfg.lang, a.optim, a.trainer.seed, x.target_tok, a.data_fraction)
+        bridge_info = plan.runs.body / BRIDGE_INFO if plan.runs.body is not None else None
+        if bridge_info is not None and bridge_info.is_file():  # a bridge that may have read this language's text
+            from minimodel.stages.bridge import check_held_out
+
+            data.setup()
+            check_held_out(cfg, cfg.lang, atomic.loads(bridge_info.read_text(encoding="utf-8")), data.val_set.stream,
+                           x.target_tok.specials.eos)
         return Training(module, data, a.optim,
                         replace(a.trainer, ckpt_steps=ends), flops_per_update=flops, tokens_per_update=a.optim.global_batch * cfg.data.seq_len,
                         keep_steps=False, export=export, finish=finish, callbacks=frozen)

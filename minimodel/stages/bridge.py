@@ -6,17 +6,18 @@ other languages' text in the source tokenizer)."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from minimodel.config.checks import VOCABULARIES
 from minimodel.config.schema import ExperimentConfig, is_hf_source
 from minimodel.data.mlm import BlockDataset, MixPart, MLMDataModule, mlm_datamodule
-from minimodel.data.prepare import is_prepared, load_source_tokenizer, prepared_paths
+from minimodel.data.prepare import load_prepared_tokenizer, load_source_tokenizer, prepared_paths
 from minimodel.data.shards import ShardError, TokenStream
-from minimodel.data.tokenizer import AnyTokenizer, Tokenizer, TokenizerError
+from minimodel.data.tokenizer import AnyTokenizer, TokenizerError
 from minimodel.errors import ConfigError
 from minimodel.flops import LayerShape, bridge_flops
 from minimodel.log import get_logger, process_rank
@@ -27,7 +28,7 @@ from minimodel.models.model import RobertaMLM
 from minimodel.models.surgery import bridge_trainable, build_minipost, primary_only, trainable_parameters
 from minimodel.store import atomic
 from minimodel.store.checkpoints import CheckpointError, TrainingMeta, load_final_model, load_trained_model
-from minimodel.store.layout import BRIDGE_INFO, is_done, prepared
+from minimodel.store.layout import BRIDGE_INFO, is_done
 from minimodel.store.provenance import data_input, primary_source, producers
 from minimodel.systems import stage_plan
 from minimodel.training.mlm import MLMModule
@@ -171,38 +172,75 @@ def langs_agreement(cfg: ExperimentConfig, mini: RobertaMLM, primary: RobertaMLM
 
 
 HELD_OUT_MARGIN = 1.25
-"""``bridge.langs``: the tail of a language's text in the source tokenizer that step 1b never trains on spans at least
-this many times the characters of step 2's held-out text of that language under its own tokenizer (the last
-``data.val_blocks`` blocks, to the corpus' end), so that no step-2 evaluation reads text the bridge was trained on: an
-extended vocabulary's held-out blocks span a few percent more characters than the language's own (6% in French with
-SmolLM2's), and a block's edges cut characters."""
+"""``bridge.langs``: the tail of a language's text in the source tokenizer that step 1b never trains on holds at least
+this many times the lines of step 2's held-out text of that language (its last ``data.val_blocks`` blocks, to the
+corpus' end), counted under each of the language's step-2 tokenizations prepared when the bridge starts (its own
+SentencePiece model's, ``adapt.vocabulary=replace``; the extended one's, ``extend``). The margin covers one prepared
+later (an extended vocabulary's held-out blocks span a few percent more text than the language's own: 6% in French
+with SmolLM2's); step 2 checks its own held-out lines against the bridge's record (``check_held_out``)."""
 
 
-def held_out_tail(cfg: ExperimentConfig, lang: str, stream: TokenStream, tok: AnyTokenizer) -> dict[str, int]:
-    """How many blocks at the end of ``lang``'s text in the source tokenizer (``stream``) step 1b leaves out: its own
-    validation blocks, and at least ``HELD_OUT_MARGIN`` x the characters of step 2's held-out text of ``lang`` (read
-    from the language's own prepared data, whatever ``adapt.vocabulary`` is: the bridge does not depend on it)."""
-    d = cfg.data
-    span = d.seq_len - 1
-    own = prepared(d.prepared_dir, lang)
-    try:
-        own_stream, own_tok = TokenStream.open(own.shards), Tokenizer(own.tokenizer)
-    except (ShardError, OSError, TokenizerError) as e:
+def line_ends(stream: TokenStream, start: int, eos: int) -> int:
+    """The line ends (``</s>``: every line's, and one more per document, ``data.encode``) in tokens [start, end) of
+    ``stream``: the same count for the same text under any tokenizer, so the unit in which two encodings of one
+    corpus are compared."""
+    return int(np.count_nonzero(stream.slice(start, len(stream)) == eos))
+
+
+def step2_held_out_lines(cfg: ExperimentConfig, lang: str) -> dict[str, int]:
+    """The line ends in step 2's held-out text of ``lang`` (``line_ends`` from its first validation block on), per
+    vocabulary whose step-2 data of ``lang`` is prepared (``replace``: its own SentencePiece model; ``extend``)."""
+    span, out = cfg.data.seq_len - 1, {}
+    for vocabulary in VOCABULARIES:
+        c = replace(cfg, adapt=replace(cfg.adapt, vocabulary=vocabulary))
+        try:
+            stream, eos = TokenStream.open(prepared_paths(c, lang).shards), load_prepared_tokenizer(c, lang).specials.eos
+        except (ShardError, TokenizerError, OSError, ValueError):
+            continue  # not prepared with this vocabulary
+        out[vocabulary] = line_ends(stream, max(0, len(stream) // span - cfg.data.val_blocks) * span, eos)
+    if not out:
         raise ShardError(f"bridge.langs includes {lang}: the bridge holds out the text step 2 evaluates {lang} on, "
-                         f"which {own.shards.parent} should hold ({e}); run `minimodel prepare` on this experiment "
-                         f"with --langs={lang}") from e
-    start = (len(own_stream) // span - d.val_blocks) * span
-    step2 = len(own_tok.decode(own_stream.slice(max(0, start), len(own_stream)).tolist()))
+                         f"which {lang}'s own prepared data gives ({Path(cfg.data.prepared_dir) / lang}: not there); "
+                         f"run `minimodel prepare` on this experiment with --langs={lang}")
+    return out
+
+
+def held_out_tail(cfg: ExperimentConfig, lang: str, stream: TokenStream, eos: int) -> dict:
+    """How many blocks at the end of ``lang``'s text in the source tokenizer (``stream``, ``eos`` its line end) step 1b
+    leaves out: its own validation blocks, and a tail holding ``HELD_OUT_MARGIN`` x the line ends of step 2's held-out
+    text of ``lang`` and one more, so that its first line, cut by step 2's first validation block, is held out whole
+    (whatever ``adapt.vocabulary`` is: the bridge does not depend on it). A ShardError when fewer than
+    ``data.val_blocks`` blocks would be left to train on."""
+    d = cfg.data
+    span, step2 = d.seq_len - 1, step2_held_out_lines(cfg, lang)
+    need = math.ceil(HELD_OUT_MARGIN * max(step2.values())) + 1
     n = len(stream) // span
-    chars, held = len(tok.decode(stream.slice(n * span, len(stream)).tolist())), 0  # the partial block at the end
-    while held < n - 1 and (held < d.val_blocks or chars < HELD_OUT_MARGIN * step2):
+    held = d.val_blocks
+    while held < n and line_ends(stream, (n - held) * span, eos) < need:
         held += 1
-        chars += len(tok.decode(stream.slice((n - held) * span, (n - held + 1) * span).tolist()))
-    if chars < HELD_OUT_MARGIN * step2:
-        raise ShardError(f"bridge.langs includes {lang}, whose text in the source tokenizer ({n} blocks, {chars:,} "
-                         f"characters) is no longer than {HELD_OUT_MARGIN} x step 2's held-out text of it ({step2:,} "
-                         f"characters): nothing would be left to train on; use a larger corpus or leave {lang} out")
-    return {"held_out_blocks": held, "held_out_chars": chars, "step2_held_out_chars": step2, "train_blocks": n - held}
+    lines = line_ends(stream, (n - held) * span, eos)
+    if n - held < d.val_blocks or lines < need:
+        raise ShardError(f"bridge.langs includes {lang}, whose text in the source tokenizer ({n} blocks) leaves "
+                         f"{max(0, n - held)} to train on once the last {held} (at least {HELD_OUT_MARGIN} x the "
+                         f"{max(step2.values()):,} lines step 2 holds out, and its validation blocks) are held out: "
+                         f"fewer than data.val_blocks={d.val_blocks}; use a larger corpus or leave {lang} out")
+    return {"held_out_blocks": held, "held_out_lines": lines, "step2_held_out_lines": step2, "train_blocks": n - held}
+
+
+def check_held_out(cfg: ExperimentConfig, lang: str, bridge_info: dict, stream: TokenStream, eos: int) -> None:
+    """Step 2 over a bridge that read ``lang``'s text (``bridge.langs``): a ShardError unless the tail the bridge held
+    out holds step 2's held-out text of ``lang`` (``stream``: step 2's own shards) whole, which it does unless step 2's
+    tokenization was prepared after the bridge and spans beyond its margin."""
+    record = (bridge_info.get("langs") or {}).get(lang)
+    if not isinstance(record, dict):
+        return
+    span = cfg.data.seq_len - 1
+    mine = line_ends(stream, max(0, len(stream) // span - cfg.data.val_blocks) * span, eos)
+    if not isinstance(record.get("held_out_lines"), int) or record["held_out_lines"] < mine + 1:
+        raise ShardError(f"the bridge read {lang}'s text (bridge.langs) except its last {record.get('held_out_lines')} "
+                         f"lines, but step 2's held-out text of {lang} spans {mine} lines: step 2 would be measured on "
+                         f"text the bridge trained on. Prepare {lang} with this adapt.vocabulary before the bridge "
+                         f"runs (it holds out the longest of the tokenizations prepared), then train the bridge again")
 
 
 def mixed_languages(cfg: ExperimentConfig, tok: AnyTokenizer) -> tuple[tuple[MixPart, ...], dict[str, dict]]:
@@ -211,15 +249,17 @@ def mixed_languages(cfg: ExperimentConfig, tok: AnyTokenizer) -> tuple[tuple[Mix
     parts, record = [], {}
     for lang in cfg.bridge.langs:
         paths = prepared_paths(cfg, lang, in_source=True)
-        if not is_prepared(cfg, lang, in_source=True):
+        try:
+            stream = TokenStream.open(paths.shards)  # complete and undamaged; its tokenizer is checked when read
+        except ShardError as e:
             raise ShardError(f"bridge.langs includes {lang}, whose text in the source tokenizer ({paths.tokenizer}) "
-                             f"is not prepared in {paths.shards}: run `minimodel prepare` on this experiment with "
-                             f"--langs={lang}")
-        record[lang] = held_out_tail(cfg, lang, TokenStream.open(paths.shards), tok)
+                             f"is not prepared ({e}): run `minimodel prepare` on this experiment with --langs={lang}"
+                             ) from e
+        record[lang] = held_out_tail(cfg, lang, stream, tok.specials.eos)
         parts.append(MixPart(paths.shards, record[lang]["held_out_blocks"], lang))
         log.info(f"bridge.langs: {lang} ({paths.shards}): {record[lang]['train_blocks']:,} training blocks; the last "
-                 f"{record[lang]['held_out_blocks']:,} ({record[lang]['held_out_chars']:,} characters, against step "
-                 f"2's held-out {record[lang]['step2_held_out_chars']:,}) never trained on")
+                 f"{record[lang]['held_out_blocks']:,} ({record[lang]['held_out_lines']:,} lines, against the "
+                 f"{max(record[lang]['step2_held_out_lines'].values()):,} step 2 holds out) never trained on")
     return tuple(parts), record
 
 
