@@ -187,17 +187,24 @@ def line_ends(stream: TokenStream, start: int, eos: int) -> int:
     return int(np.count_nonzero(stream.slice(start, len(stream)) == eos))
 
 
+def held_out_lines(cfg: ExperimentConfig, stream: TokenStream, eos: int) -> int:
+    """The line ends of a corpus' held-out text: from its first validation block (the last ``data.val_blocks``
+    blocks) to its end, the partial block after them included."""
+    span = cfg.data.seq_len - 1
+    return line_ends(stream, max(0, len(stream) // span - cfg.data.val_blocks) * span, eos)
+
+
 def step2_held_out_lines(cfg: ExperimentConfig, lang: str) -> dict[str, int]:
     """The line ends in step 2's held-out text of ``lang`` (``line_ends`` from its first validation block on), per
     vocabulary whose step-2 data of ``lang`` is prepared (``replace``: its own SentencePiece model; ``extend``)."""
-    span, out = cfg.data.seq_len - 1, {}
+    out = {}
     for vocabulary in VOCABULARIES:
         c = replace(cfg, adapt=replace(cfg.adapt, vocabulary=vocabulary))
         try:
             stream, eos = TokenStream.open(prepared_paths(c, lang).shards), load_prepared_tokenizer(c, lang).specials.eos
         except (ShardError, TokenizerError, OSError, ValueError):
             continue  # not prepared with this vocabulary
-        out[vocabulary] = line_ends(stream, max(0, len(stream) // span - cfg.data.val_blocks) * span, eos)
+        out[vocabulary] = held_out_lines(cfg, stream, eos)
     if not out:
         raise ShardError(f"bridge.langs includes {lang}: the bridge holds out the text step 2 evaluates {lang} on, "
                          f"which {lang}'s own prepared data gives ({Path(cfg.data.prepared_dir) / lang}: not there); "
@@ -216,9 +223,10 @@ def held_out_tail(cfg: ExperimentConfig, lang: str, stream: TokenStream, eos: in
     need = math.ceil(HELD_OUT_MARGIN * max(step2.values())) + 1
     n = len(stream) // span
     held = d.val_blocks
-    while held < n and line_ends(stream, (n - held) * span, eos) < need:
-        held += 1
     lines = line_ends(stream, (n - held) * span, eos)
+    while held < n and lines < need:  # one more block at a time, each read once
+        held += 1
+        lines += int(np.count_nonzero(stream.slice((n - held) * span, (n - held + 1) * span) == eos))
     if n - held < d.val_blocks or lines < need:
         raise ShardError(f"bridge.langs includes {lang}, whose text in the source tokenizer ({n} blocks) leaves "
                          f"{max(0, n - held)} to train on once the last {held} (at least {HELD_OUT_MARGIN} x the "
@@ -234,8 +242,7 @@ def check_held_out(cfg: ExperimentConfig, lang: str, bridge_info: dict, stream: 
     record = (bridge_info.get("langs") or {}).get(lang)
     if not isinstance(record, dict):
         return
-    span = cfg.data.seq_len - 1
-    mine = line_ends(stream, max(0, len(stream) // span - cfg.data.val_blocks) * span, eos)
+    mine = held_out_lines(cfg, stream, eos)
     if not isinstance(record.get("held_out_lines"), int) or record["held_out_lines"] < mine + 1:
         raise ShardError(f"the bridge read {lang}'s text (bridge.langs) except its last {record.get('held_out_lines')} "
                          f"lines, but step 2's held-out text of {lang} spans {mine} lines: step 2 would be measured on "
