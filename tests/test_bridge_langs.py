@@ -176,6 +176,23 @@ def test_prepare_only_source_prepares_what_the_bridge_reads(data, corpus_dir):
     assert bridge_reads(cfg_of(data, corpus_dir, "bridge.langs=[de]", "models_from=other")) == ()
 
 
+def test_the_source_tokenizers_data_of_another_corpus_is_refused_naming_the_bridges(data, corpus_dir, capsys):
+    """German prepared in the source tokenizer from one corpus, asked again from another: refused before anything is
+    written, and the message names who reads that directory (the bridges), not the adaptations."""
+    args = [str(ROOT / "experiments" / "tiny.yaml"), "data.num_workers=0", *MINIPOST, "bridge.langs=[de]"]
+    assert main(["prepare", *args, *tiny_overrides(data, corpus_dir, data), "--only=source", "--no-progress"]) == 0
+    there = data / "prepared" / "de" / "in-en-spm"
+    before = {p: p.read_bytes() for p in there.rglob("*") if p.is_file()}
+    other = data / "mine"
+    shutil.copytree(corpus_dir, other)
+    (other / "de.txt").write_text("Ein ganz anderer Text.\n\nNoch einer.\n" * 200, encoding="utf-8")
+    assert main(["prepare", *args, *tiny_overrides(data, other, data), "--only=source", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{there} was prepared from another corpus" in err and "the bridges (bridge.langs) that read" in err
+    assert "adaptations" not in err and "its shards are that corpus'" in err
+    assert {p: p.read_bytes() for p in there.rglob("*") if p.is_file()} == before
+
+
 def test_the_plan_prepares_the_bridge_languages_before_the_bridge(tmp_path):
     overrides = [f"runs_dir={tmp_path / 'runs'}", f"data.prepared_dir={tmp_path / 'prepared'}",
                  f"data.corpus_dir={ROOT / 'data' / 'demo' / 'corpus'}", "target_langs=[de,tr]", "bridge.langs=[de,fr]"]

@@ -203,7 +203,8 @@ def check_same_corpus(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus:
                       ) -> None:
     """A ``ShardError`` when ``lang``'s prepared data (its ``done.json``) was made from another corpus than
     ``corpus`` (another file name or size): its tokenizer was trained on that corpus and its shards encode it, and
-    adaptations of this or another experiment (``models_from``) read them. Nothing is written; the message says how
+    adaptations of this or another experiment (``models_from``) read them (``in_source``: the source tokenizer's
+    encoding of ``lang``, which bridges with ``bridge.langs`` read). Nothing is written; the message says how
     to prepare the new corpus apart."""
     try:
         recorded = atomic.loads(paths.done.read_text(encoding="utf-8"))
@@ -219,13 +220,16 @@ def check_same_corpus(cfg: ExperimentConfig, lang: str, paths: Prepared, corpus:
         return f"{n:,} bytes" if isinstance(n, int) and n >= 0 else "size unknown"
 
     then = recorded.get("corpus_path") or old.get("corpus")
+    # the source tokenizer's encoding of another language is read by the bridges (bridge.langs); the rest, by steps 2
+    readers = "bridges (bridge.langs)" if in_source else "adaptations"
+    what = "its shards are" if in_source else "its tokenizer and shards are"
     raise ShardError(
         f"{paths.done.parent} was prepared from another corpus ({then}, {size(old.get('corpus_bytes'))}) than "
-        f"data.corpus_dir gives now ({corpus}, {size(new.get('corpus_bytes'))}): its tokenizer and shards are that "
-        f"corpus', and the adaptations that read them (of any experiment using data.prepared_dir="
+        f"data.corpus_dir gives now ({corpus}, {size(new.get('corpus_bytes'))}): {what} that "
+        f"corpus', and the {readers} that read them (of any experiment using data.prepared_dir="
         f"{cfg.data.prepared_dir}) stand on them; nothing was overwritten. Prepare the new corpus apart: set "
         f"data.prepared_dir to a directory of your own (docs/running.md, reusing models), or delete "
-        f"{paths.done.parent} to prepare {lang} again from it (the adaptations that read it are then refused until "
+        f"{paths.done.parent} to prepare {lang} again from it (the {readers} that read it are then refused until "
         f"redone)")
 
 
