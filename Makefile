@@ -82,10 +82,12 @@ study-decoder: setup
 	$(MM) run experiments/study_decoder.yaml $(OVERRIDES)
 
 # $(call copy_results,NAME): replace docs/results/NAME/ with runs/NAME's results.jsonl files, one folder per system run
-# (rows of an earlier version do not linger)
+# (rows of an earlier version do not linger), and each finished bridge's record (done.json, bridge_info.json: the
+# report's step-1b table)
 define copy_results
 	rm -rf docs/results/$(1) && mkdir -p docs/results/$(1)
 	for f in runs/$(1)/*/results.jsonl; do d=docs/results/$(1)/$$(basename $$(dirname $$f)); mkdir -p $$d; cp $$f $$d/; done
+	for f in runs/$(1)/*/bridge/done.json; do if [ -f $$f ]; then d=docs/results/$(1)/$$(basename $$(dirname $$(dirname $$f)))/bridge; mkdir -p $$d; cp $$f $$d/; if [ -f $$(dirname $$f)/bridge_info.json ]; then cp $$(dirname $$f)/bridge_info.json $$d/; fi; fi; done
 endef
 
 # after `make study` (and `make study-beyond`): replace docs/results/study/ with the study's results.jsonl files

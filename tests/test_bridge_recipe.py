@@ -425,11 +425,14 @@ def test_the_report_says_what_each_bridge_cost_and_how_close_it_came(tmp_path):
         ["minipost-recipe", "affine, distill + 0.1 MSE, N = 12 + 2", "1,000", "5.184", "2", "+2.000", "+0.457",
          "0.980", "53.0%"]]
     assert [r[0] for r in bridge_rows(root, {"minipost@mean": "paper"})] == ["paper", "paper (pretraining seed 2)"]
+    # report.systems' default ({}, as every loaded config has it) is every system, not none
+    assert bridge_rows(root, {}) == bridge_rows(root)
     for system in ("minipost", "minipost-recipe@mean"):
         (root / system).mkdir(parents=True, exist_ok=True)
         write_jsonl(root / system / "results.jsonl", result_rows(system, "fr", {1: 60, 2: 61}))
     text = write_report(tmp_path, "exp", out=tmp_path / "all.md").read_text()
     assert "## Step 1b: the mini-models' bridges (a one-time cost)" in text
+    assert write_report(tmp_path, "exp", out=tmp_path / "default.md", systems={}).read_text() == text
     assert "| minipost-recipe | affine, distill + 0.1 MSE, N = 12 + 2 | 1,000 | 5.184 | 2 |" in text
     named = write_report(tmp_path, "exp", out=tmp_path / "named.md", systems={"minipost-recipe@mean": "minipost"})
     section = named.read_text().split("## Step 1b")[1]

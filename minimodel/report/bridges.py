@@ -45,11 +45,11 @@ def _shown(label: str, chosen: Mapping[str, str] | None) -> str | None:
     """The name a bridge run's system directory goes by in the report: its pooled label (another pretraining seed's
     directory says which seed), or under ``report.systems`` the names of the chosen rows adapted over it
     (``minipost-recipe@mean`` -> ``minipost`` reads ``minipost-recipe``'s bridge); None where no chosen row reads
-    it."""
+    it. An empty ``chosen`` is the config's default (``report.systems: {}``): every system, under its own label."""
     seeded = SEED.match(label)
     pooled = seeded["system"] if seeded else label
     seed = f" (pretraining seed {seeded['seed']})" if seeded else ""
-    if chosen is None:
+    if not chosen:
         return pooled + seed
     names = sorted({shown for row, shown in chosen.items() if row.split("@")[0] == pooled})
     return ", ".join(names) + seed if names else None
