@@ -8,6 +8,7 @@
     .venv/bin/python benchmarks/bench_recipe.py alignment --depth 12 --runs affine:distill,copy:lm --langs fr,ru  # KL
     .venv/bin/python benchmarks/bench_recipe.py init --langs fr,ru --inits mean,overlap,random   # step 2's step 0
     .venv/bin/python benchmarks/bench_recipe.py embeddings --langs fr,ru [--updates 500]
+    .venv/bin/python benchmarks/bench_recipe.py summary              # issue 52's targets, from the JSON alone
 
 Each part adds its figures under its own key of ``--json`` (default benchmarks/results/recipe-vm.json), keeping the
 other parts' (each run is kept as it finishes, so a stopped benchmark loses only the run in progress). Needs the
@@ -392,9 +393,135 @@ def part_embeddings(args: argparse.Namespace) -> None:
                     update_json(args.json, "embeddings", figures)
 
 
+# ------------------------------------------------------------------------------------------------ the targets
+
+ENGLISH_GAP = 0.5  # target 1: the mini-model's English loss within this of the source's ...
+BRIDGE_TOKENS = 1_000_000  # ... after at most this many step-1b tokens
+STEP2_TOKENS = 1_000_000  # target 2: below the source's own loss per character within this many step-2 tokens
+NEAR_MAX = 0.95  # ... and reaching this share of standard adaptation's improvement ...
+COMPUTE_SHARE = 0.5  # ... with at most this share of its compute
+
+
+def first_reach(points: list[tuple[float, float]], target: float) -> float | None:
+    """The x at which the curve ``points`` ((x, loss), x ascending) first comes down to ``target``, linear between the
+    point before and the first at or below it (the first point itself when it is already there); None when never."""
+    for i, (x, y) in enumerate(points):
+        if y <= target:
+            if i == 0:
+                return x
+            x0, y0 = points[i - 1]
+            return x0 + (x - x0) * (y0 - target) / (y0 - y)
+    return None
+
+
+def at(points: list[tuple[float, float]], x: float) -> float | None:
+    """The curve's value at ``x`` by linear interpolation; None outside its measured span."""
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
+    return points[-1][1] if points and points[-1][0] == x else None
+
+
+def bridge_gap_at(row: dict[str, Any], tokens: int) -> float | None:
+    """A bridge row's English gap to the source after ``tokens`` step-1b tokens (its validation curve, interpolated;
+    step 0 at 0 tokens); None when the row did not train that far."""
+    per_update = row["tokens"] / row["updates"]
+    curve = [(0.0, row["step0_loss"])] + sorted(((int(k) + 1) * per_update, v) for k, v in row["val_loss"].items())
+    loss = at(curve, float(tokens))
+    return None if loss is None else loss - row["source_loss"]
+
+
+def settings(rows: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """A language's finished step-2 rows grouped by setting: KEY and its other step-2 seeds KEY#sN."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key, row in rows.items():
+        if isinstance(row, dict) and row.get("outcome") == "finished" and row.get("checkpoints"):
+            out.setdefault(key.split("#s")[0], []).append(row)
+    return out
+
+
+def step2_curve(row: dict[str, Any], x: str = "flops") -> list[tuple[float, float]]:
+    """(FLOPs or tokens, loss per character) at each checkpoint of a step-2 row, in order of updates."""
+    steps = sorted(row["checkpoints"], key=int)
+    if x == "flops":
+        return [(float(row["checkpoints"][s]["flops"]), row["checkpoints"][s]["nats_per_char"]) for s in steps]
+    return [(float(int(s) * row["tokens_per_update"]), row["checkpoints"][s]["nats_per_char"]) for s in steps]
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    return {"mean": float(t.mean()), "std": float(t.std()) if len(values) > 1 else 0.0, "n": len(values)}
+
+
+def targets(figures: dict[str, Any]) -> dict[str, Any]:
+    """Whether issue 52's targets are met, from the JSON's rows alone: per bridge, its English gap after
+    ``BRIDGE_TOKENS``; per MiniPost step-2 setting, whether it ends below the source's own tokenizer within
+    ``STEP2_TOKENS`` and the FLOPs it takes to reach ``NEAR_MAX`` of BL_BASE's improvement (BL_BASE of the same
+    language, vocabulary and initialisation; each seed against its own BL_BASE seed where there is one, else the
+    first), against BL_BASE's own."""
+    out: dict[str, Any] = {"bridges": {}, "step2": {}}
+    for key, row in figures.get("bridge", {}).items():
+        if row.get("outcome") != "finished" or not row.get("val_loss"):
+            continue
+        gap = bridge_gap_at(row, BRIDGE_TOKENS)
+        out["bridges"][key] = {"gap_at_1M": gap, "met": gap is not None and gap <= ENGLISH_GAP}
+    for lang, rows in figures.get("embeddings", {}).items():
+        own = rows.get("smollm2_own_tokenizer", {}).get("nats_per_char")
+        groups = settings(rows)
+        for key, runs in groups.items():
+            if not key.startswith("minipost/"):
+                continue
+            rest = key[len("minipost/"):]
+            base = groups.get("bl_base/" + rest.split("[")[0].split("@")[0])
+            if not base:
+                continue
+            per_seed = []
+            for i, run in enumerate(runs):
+                ref = next((b for b in base if b.get("seed") == run.get("seed")), base[0])
+                ref_curve, mine = step2_curve(ref), step2_curve(run)
+                start, final = ref_curve[0][1], ref_curve[-1][1]
+                goal = start - NEAR_MAX * (start - final)
+                ref_flops, my_flops = first_reach(ref_curve, goal), first_reach(mine, goal)
+                within = [y for x, y in step2_curve(run, "tokens") if x <= STEP2_TOKENS]
+                per_seed.append({"seed": run.get("seed"), "goal": goal, "bl_base_flops": ref_flops,
+                                 "flops": my_flops,
+                                 "share": my_flops / ref_flops if my_flops is not None and ref_flops else None,
+                                 "best_within_1M_tokens": min(within) if within else None})
+            below = [r["best_within_1M_tokens"] is not None and own is not None and r["best_within_1M_tokens"] < own
+                     for r in per_seed]
+            shares = [r["share"] for r in per_seed]
+            bridge = runs[0].get("bridge")
+            out["step2"][f"{lang}/{key}"] = {
+                "bridge": bridge, "bridge_meets_target_1": out["bridges"].get(bridge, {}).get("met"),
+                "own_tokenizer": own, "seeds": per_seed,
+                "below_own_within_1M": all(below),
+                "compute_met": all(s is not None and s <= COMPUTE_SHARE for s in shares),
+                "final": _stats([step2_curve(r)[-1][1] for r in runs])}
+    return out
+
+
+def part_summary(args: argparse.Namespace) -> None:
+    """Issue 52's targets read from the JSON (no model is loaded): written under ``targets`` and printed."""
+    figures = json.loads(args.json.read_text())
+    result = targets(figures)
+    update_json(args.json, "targets", result)
+    for key, b in result["bridges"].items():
+        gap = "did not train that far" if b["gap_at_1M"] is None else f"{b['gap_at_1M']:.3f}"
+        print(f"target 1  {key}: English gap after 1M tokens {gap} -> {'met' if b['met'] else 'missed'}")
+    for key, r in result["step2"].items():
+        final = r["final"]
+        reached = ", ".join("never" if s["flops"] is None else f"{s['share']:.0%} of BL_BASE's FLOPs"
+                            for s in r["seeds"])
+        print(f"target 2  {key} (bridge {r['bridge']}, target 1 {'met' if r['bridge_meets_target_1'] else 'missed'}):"
+              f" final {final['mean']:.3f} +- {final['std']:.3f} (n={final['n']}) against the own tokenizer's "
+              f"{r['own_tokenizer']:.3f} -> below within 1M tokens: {'yes' if r['below_own_within_1M'] else 'no'};"
+              f" 95% of BL_BASE's improvement: {reached} -> compute {'met' if r['compute_met'] else 'missed'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("part", choices=("layers", "step0", "bridge", "independent", "alignment", "init", "embeddings"))
+    p.add_argument("part", choices=("layers", "step0", "bridge", "independent", "alignment", "init", "embeddings",
+                                    "summary"))
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     p.add_argument("--redo", action="store_true", help="measure bridge and embeddings rows the JSON already holds "
                                                         "as finished (default: skip them)")
@@ -434,6 +561,8 @@ def main(argv: list[str] | None = None) -> int:
         part_alignment(args)
     elif args.part == "init":
         part_init(args)
+    elif args.part == "summary":
+        part_summary(args)
     else:
         part_embeddings(args)
     print(f"figures in {args.json}")

@@ -1,0 +1,83 @@
+"""``benchmarks/bench_recipe.py summary``: issue 52's targets read from the benchmark's JSON alone (no model), on
+figures made up here so that each verdict can be checked by hand."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+@pytest.fixture()
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    yield importlib.import_module("bench_recipe")
+    sys.modules.pop("bench_recipe", None)
+
+
+def step2(system: str, losses: list[float], flops_per_update: float, seed: int | None = None,
+          outcome: str = "finished") -> dict:
+    steps = [0, 100, 250, 500]
+    return {"system": system, "outcome": outcome, "updates": 500, "tokens_per_update": 1024, "seed": seed,
+            "bridge": "N12/affine:distill@lr2e-3" if system == "minipost" else None,
+            "checkpoints": {str(s): {"nats_per_char": y, "flops": s * flops_per_update}
+                            for s, y in zip(steps, losses)}}
+
+
+def test_first_reach_and_at_interpolate_between_checkpoints(bench):
+    curve = [(0.0, 2.0), (100.0, 1.0), (200.0, 0.5)]
+    assert bench.first_reach(curve, 0.75) == pytest.approx(150.0)
+    assert bench.first_reach(curve, 1.0) == pytest.approx(100.0)  # reached at a checkpoint: that checkpoint
+    assert bench.first_reach(curve, 2.5) == 0.0  # already there at step 0
+    assert bench.first_reach(curve, 0.4) is None  # never
+    assert bench.at(curve, 50.0) == pytest.approx(1.5) and bench.at(curve, 200.0) == 0.5
+    assert bench.at(curve, 250.0) is None
+
+
+def test_targets_read_the_bridge_gap_at_1m_tokens_and_step_2_against_bl_base(bench, tmp_path):
+    # a bridge of 1,000 updates of 1,024 tokens: 1M tokens fall between its last two checkpoints (768k, 1.024M)
+    bridge = {"outcome": "finished", "updates": 1000, "tokens": 1_024_000, "step0_loss": 6.0, "source_loss": 3.5,
+              "val_loss": {"249": 4.5, "499": 4.2, "749": 4.1, "999": 3.9}}
+    far = {**bridge, "val_loss": {"249": 4.5, "499": 4.2, "749": 4.1, "999": 4.05}}
+    # BL_BASE at 2 FLOPs an update: 1.4 -> 0.7; 95% of its improvement is 0.735, reached 65% of the way from update
+    # 250 (0.8) to 500 (0.7), at update 412.5: 825 FLOPs
+    figures = {
+        "bridge": {"N12/affine:distill@lr2e-3": bridge, "N12/far": far},
+        "embeddings": {"fr": {
+            "smollm2_own_tokenizer": {"nats_per_char": 1.0},
+            "held_out": {"blocks": 3},
+            "bl_base/mean": step2("bl_base", [1.4, 1.0, 0.8, 0.7], 2.0),
+            "bl_base/mean#s2": step2("bl_base", [1.4, 1.1, 0.8, 0.7], 2.0, seed=2),
+            # MiniPost at 1 FLOP an update: reaches 0.735 between 250 (0.9) and 500 (0.72): 250 + 250 * 0.165 / 0.18
+            "minipost/mean@lr2e-3": step2("minipost", [1.4, 1.1, 0.9, 0.72], 1.0),
+            "minipost/mean@lr2e-3#s2": step2("minipost", [1.4, 1.1, 0.95, 0.80], 1.0, seed=2),  # never reaches it
+            "minipost/overlap@lr2e-3": step2("minipost", [2.0, 1.5, 1.2, 1.05], 1.0),  # no BL_BASE row: left out
+            "minipost/random@lr2e-3": step2("minipost", [2.0, 1.5, 1.2, 0.9], 1.0, outcome="stopped"),
+        }}}
+    t = bench.targets(figures)
+    gap = 4.1 + (3.9 - 4.1) * (1_000_000 - 768_000) / 256_000 - 3.5
+    assert t["bridges"]["N12/affine:distill@lr2e-3"] == {"gap_at_1M": pytest.approx(gap), "met": True}
+    assert t["bridges"]["N12/far"]["met"] is False  # 4.05 at the end: 0.56 above
+    assert set(t["step2"]) == {"fr/minipost/mean@lr2e-3"}
+    r = t["step2"]["fr/minipost/mean@lr2e-3"]
+    assert r["bridge_meets_target_1"] is True and r["below_own_within_1M"] is True
+    first, second = r["seeds"]
+    assert first["goal"] == pytest.approx(0.735) and first["bl_base_flops"] == pytest.approx(2 * 412.5)
+    assert first["flops"] == pytest.approx(250 + 250 * 0.165 / 0.18)
+    assert first["share"] == pytest.approx((250 + 250 * 0.165 / 0.18) / 825)
+    assert second["seed"] == 2 and second["flops"] is None and second["share"] is None
+    assert r["compute_met"] is False  # a seed that never reaches it: not met
+    assert r["final"]["n"] == 2 and r["final"]["mean"] == pytest.approx(0.76)
+    # every seed within half of BL_BASE's FLOPs: met
+    figures["embeddings"]["fr"]["minipost/mean@lr2e-3#s2"] = step2("minipost", [1.4, 0.9, 0.7, 0.6], 1.0, seed=2)
+    figures["embeddings"]["fr"]["minipost/mean@lr2e-3"] = step2("minipost", [1.4, 0.9, 0.7, 0.6], 1.0)
+    assert bench.targets(figures)["step2"]["fr/minipost/mean@lr2e-3"]["compute_met"] is True
+    # the summary part writes the same under "targets" and prints a verdict per row
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(figures))
+    assert bench.main(["summary", "--json", str(path)]) == 0
+    assert json.loads(path.read_text())["targets"]["bridges"]["N12/far"]["met"] is False
