@@ -54,4 +54,6 @@ done
 for bridge in copy:lm affine:lm; do
   $B embeddings --depth 12 --bridge-recipe "$bridge" --systems minipost --inits mean --vocabularies replace --langs fr
 done
+# issue 52's targets, read from the JSON (seconds; also after a partial grid: what is measured so far)
+$B summary
 echo "recipe grid: done"
