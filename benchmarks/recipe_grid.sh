@@ -36,6 +36,10 @@ for seed in 2 3; do
   $B embeddings --depth 12 --systems minipost --inits mean --vocabularies replace --langs fr "${LR2[@]}" --adapt-seed "$seed"
   $B embeddings --depth 12 --systems bl_base --inits mean --vocabularies replace --langs fr --adapt-seed "$seed"
 done
+# and MiniPost's French over the bridge that also read French and Russian (section (c)), seeds 2 and 3
+for seed in 2 3; do
+  $B embeddings --depth 12 --systems minipost --inits mean --vocabularies replace --langs fr "${LANGS[@]}" --adapt-seed "$seed"
+done
 # (b) step 2: every adapt.init and both vocabularies, 500 updates, over the full model (BL_BASE) and over the
 # mini-model (MiniPost over the lr-2e-3 distilled bridge); mean first, the initialisation the recipe uses. Under
 # extend, random is the overlap start (every piece SmolLM2 has is kept; the new ones start random under both), so
