@@ -459,7 +459,7 @@ def targets(figures: dict[str, Any]) -> dict[str, Any]:
     ``STEP2_TOKENS`` and the FLOPs it takes to reach ``NEAR_MAX`` of BL_BASE's improvement (BL_BASE of the same
     language, vocabulary and initialisation; each seed against its own BL_BASE seed where there is one, else the
     first), against BL_BASE's own."""
-    out: dict[str, Any] = {"bridges": {}, "step2": {}}
+    out: dict[str, Any] = {"bridges": {}, "step2": {}, "curves": {}}
     for key, row in figures.get("bridge", {}).items():
         if row.get("outcome") != "finished" or not row.get("val_loss"):
             continue
@@ -468,6 +468,11 @@ def targets(figures: dict[str, Any]) -> dict[str, Any]:
     for lang, rows in figures.get("embeddings", {}).items():
         own = rows.get("smollm2_own_tokenizer", {}).get("nats_per_char")
         groups = settings(rows)
+        for key, runs in groups.items():  # every setting's loss per character at each checkpoint, over its seeds
+            steps = sorted(set.intersection(*(set(r["checkpoints"]) for r in runs)), key=int)
+            out["curves"][f"{lang}/{key}"] = {
+                s: {**_stats([r["checkpoints"][s]["nats_per_char"] for r in runs]),
+                    "flops": runs[0]["checkpoints"][s]["flops"]} for s in steps}
         for key, runs in groups.items():
             if not key.startswith("minipost/"):
                 continue
@@ -505,6 +510,10 @@ def part_summary(args: argparse.Namespace) -> None:
     figures = json.loads(args.json.read_text())
     result = targets(figures)
     update_json(args.json, "targets", result)
+    for key, curve in result["curves"].items():
+        print(f"step 2    {key}: " + ", ".join(
+            f"{s}: {c['mean']:.3f}" + (f" +- {c['std']:.3f} (n={c['n']})" if c["n"] > 1 else "")
+            for s, c in curve.items()))
     for key, b in result["bridges"].items():
         gap = "did not train that far" if b["gap_at_1M"] is None else f"{b['gap_at_1M']:.3f}"
         print(f"target 1  {key}: English gap after 1M tokens {gap} -> {'met' if b['met'] else 'missed'}")

@@ -72,6 +72,10 @@ def test_targets_read_the_bridge_gap_at_1m_tokens_and_step_2_against_bl_base(ben
     assert second["seed"] == 2 and second["flops"] is None and second["share"] is None
     assert r["compute_met"] is False  # a seed that never reaches it: not met
     assert r["final"]["n"] == 2 and r["final"]["mean"] == pytest.approx(0.76)
+    c = t["curves"]["fr/bl_base/mean"]  # each setting over its seeds, checkpoint by checkpoint
+    assert list(c) == ["0", "100", "250", "500"] and c["100"]["n"] == 2 and c["100"]["mean"] == pytest.approx(1.05)
+    assert c["100"]["std"] == pytest.approx(0.0707107, abs=1e-6) and c["500"]["flops"] == 1000
+    assert "fr/minipost/random@lr2e-3" not in t["curves"]  # a stopped run: not a figure
     # every seed within half of BL_BASE's FLOPs: met
     figures["embeddings"]["fr"]["minipost/mean@lr2e-3#s2"] = step2("minipost", [1.4, 0.9, 0.7, 0.6], 1.0, seed=2)
     figures["embeddings"]["fr"]["minipost/mean@lr2e-3"] = step2("minipost", [1.4, 0.9, 0.7, 0.6], 1.0)
