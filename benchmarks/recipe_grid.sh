@@ -19,7 +19,7 @@ BRIDGES=random:lm,copy:lm,affine:lm,copy:distill,random:distill
 # (a) step 1b at N = 12: every bridge.init with each objective, 1,000 updates of 1,024 English tokens
 $B bridge --depth 12 --runs affine:distill "${LR2[@]}"
 $B bridge --depth 12 --runs "$BRIDGES"
-# how closely each finished bridge follows SmolLM2 (a few minutes; measured again on every run of this script)
+# how closely each finished bridge follows SmolLM2 (a few minutes a bridge; a bridge the JSON holds is skipped)
 $B alignment --depth 12 --runs affine:distill --langs fr,ru "${LR2[@]}"
 $B alignment --depth 12 --runs "$BRIDGES" --langs fr,ru
 # (c) bridge.langs: the lr-2e-3 distilled bridge trained on English, French and Russian text in SmolLM2's tokens (a
