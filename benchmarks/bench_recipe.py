@@ -337,7 +337,8 @@ def part_embeddings(args: argparse.Namespace) -> None:
     from minimodel.store.layout import adaptation_checkpoints
 
     bridge_init, objective = args.bridge_recipe.split(":")
-    name, base = bridge_run(args, bridge_init, objective)  # part (a)'s mini-model
+    trained = f"bridge.optim.updates={args.updates}"  # the bridge's length (--updates), as part (a) trained it
+    name, base = bridge_run(args, bridge_init, objective, trained)  # part (a)'s mini-model
     smollm2, trained_with = load_primary(base.bridge.source, base.model.family, runs_dir=str(base.runs_dir))
     own = load_source_tokenizer(base, smollm2, base.bridge.source, trained_with)
     window = base.data.seq_len
@@ -361,7 +362,7 @@ def part_embeddings(args: argparse.Namespace) -> None:
                     key = f"{system}/{variant}{init}{over}{_suffix(args, '@')}{seed}"
                     if _finished(args, "embeddings", lang, key, args.adapt_updates):
                         continue
-                    _, cfg = bridge_run(args, bridge_init, objective, f"system={system}", f"lang={lang}",
+                    _, cfg = bridge_run(args, bridge_init, objective, trained, f"system={system}", f"lang={lang}",
                                         f"adapt.init={init}", f"adapt.vocabulary={vocabulary}",
                                         f"adapt.tag={variant.replace('/', '-')}{init}{seed.replace('#', '-')}",
                                         f"adapt.optim.updates={args.adapt_updates}",

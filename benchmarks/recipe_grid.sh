@@ -58,6 +58,13 @@ done
 for bridge in copy:lm affine:lm; do
   $B embeddings --depth 12 --bridge-recipe "$bridge" --systems minipost --inits mean --vocabularies replace --langs fr
 done
+# (e) the lever left: does a longer bridge over English, French and Russian close the gap to BL_BASE per FLOP? The
+# bridge of (c) at 2,000 updates (2M tokens, a third of them English), its alignment and MiniPost's French step 2
+# (about 2.5 hours)
+LONG=(--updates 2000 --tag lr2e-3-langs-fr-ru-2k --override bridge.optim.lr=2.0e-3 --override "bridge.langs=[fr,ru]")
+$B bridge --depth 12 --runs affine:distill "${LONG[@]}"
+$B alignment --depth 12 --runs affine:distill --langs fr,ru "${LONG[@]}"
+$B embeddings --depth 12 --systems minipost --inits mean --vocabularies replace --langs fr "${LONG[@]}"
 # issue 52's targets, read from the JSON (seconds; also after a partial grid: what is measured so far)
 $B summary
 echo "recipe grid: done"
