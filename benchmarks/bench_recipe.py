@@ -7,7 +7,7 @@
     .venv/bin/python benchmarks/bench_recipe.py independent --depth 12 --runs affine:distill  # a finished bridge's gap
     .venv/bin/python benchmarks/bench_recipe.py alignment --depth 12 --runs affine:distill,copy:lm --langs fr,ru  # KL
     .venv/bin/python benchmarks/bench_recipe.py init --langs fr,ru --inits mean,overlap,random   # step 2's step 0
-    .venv/bin/python benchmarks/bench_recipe.py embeddings --langs fr,ru [--updates 500]
+    .venv/bin/python benchmarks/bench_recipe.py embeddings --langs fr,ru [--adapt-updates 500]
     .venv/bin/python benchmarks/bench_recipe.py summary              # issue 52's targets, from the JSON alone
 
 Each part adds its figures under its own key of ``--json`` (default benchmarks/results/recipe-vm.json), keeping the
@@ -53,11 +53,12 @@ def config(runs: Path, name: str, *overrides: str) -> ExperimentConfig:
     return load_experiment(EXPERIMENT, [f"name={name}", f"runs_dir={runs}", *overrides])
 
 
-def update_json(path: Path, key: str, value: Any) -> None:
+def update_json(path: Path, key: str, value: Any, machine: bool = True) -> None:
     figures = json.loads(path.read_text()) if path.exists() else {}
     figures[key] = value
-    figures["machine"] = {"cpu": platform.processor() or _cpu(), "threads": torch.get_num_threads(),
-                          "torch": torch.__version__, "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "")}
+    if machine:  # the machine that measured it (a part that only reads the JSON leaves the record as it is)
+        figures["machine"] = {"cpu": platform.processor() or _cpu(), "threads": torch.get_num_threads(),
+                              "torch": torch.__version__, "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "")}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(figures, indent=1, default=str) + "\n")
@@ -432,12 +433,14 @@ def bridge_gap_at(row: dict[str, Any], tokens: int) -> float | None:
     return None if loss is None else loss - row["source_loss"]
 
 
-def settings(rows: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """A language's finished step-2 rows grouped by setting: KEY and its other step-2 seeds KEY#sN."""
-    out: dict[str, list[dict[str, Any]]] = {}
+def settings(rows: dict[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
+    """A language's finished step-2 rows grouped by setting: KEY (seed 0: the recipe file's seed) and its other step-2
+    seeds KEY#sN (``--adapt-seed N``), as {seed: row}."""
+    out: dict[str, dict[int, dict[str, Any]]] = {}
     for key, row in rows.items():
         if isinstance(row, dict) and row.get("outcome") == "finished" and row.get("checkpoints"):
-            out.setdefault(key.split("#s")[0], []).append(row)
+            setting, _, seed = key.partition("#s")
+            out.setdefault(setting, {})[int(seed) if seed else 0] = row
     return out
 
 
@@ -469,48 +472,70 @@ def targets(figures: dict[str, Any]) -> dict[str, Any]:
     for lang, rows in figures.get("embeddings", {}).items():
         own = rows.get("smollm2_own_tokenizer", {}).get("nats_per_char")
         groups = settings(rows)
-        for key, runs in groups.items():  # every setting's loss per character at each checkpoint, over its seeds
+        for key, seeds in groups.items():  # every setting's loss per character at each checkpoint, over its seeds
+            runs = list(seeds.values())
             steps = sorted(set.intersection(*(set(r["checkpoints"]) for r in runs)), key=int)
             out["curves"][f"{lang}/{key}"] = {
                 s: {**_stats([r["checkpoints"][s]["nats_per_char"] for r in runs]),
                     "flops": runs[0]["checkpoints"][s]["flops"]} for s in steps}
-        for key, runs in groups.items():
+        for key, seeds in groups.items():
             if not key.startswith("minipost/"):
                 continue
-            rest = key[len("minipost/"):]
-            base = groups.get("bl_base/" + rest.split("[")[0].split("@")[0])
+            rest = key[len("minipost/"):].split("[")[0]  # the step-2 setting, without the bridge it runs over
+            base = groups.get("bl_base/" + rest) or groups.get("bl_base/" + rest.split("@")[0])  # tag: a bridge's
             if not base:
                 continue
             per_seed = []
-            for i, run in enumerate(runs):
-                ref = next((b for b in base if b.get("seed") == run.get("seed")), base[0])
-                ref_curve, mine = step2_curve(ref), step2_curve(run)
+            for seed, run in sorted(seeds.items()):
+                ref_seed = seed if seed in base else min(base)  # its own BL_BASE seed where there is one (recorded)
+                ref_curve, mine = step2_curve(base[ref_seed]), step2_curve(run)
                 start, final = ref_curve[0][1], ref_curve[-1][1]
                 goal = start - NEAR_MAX * (start - final)
                 ref_flops, my_flops = first_reach(ref_curve, goal), first_reach(mine, goal)
-                within = [y for x, y in step2_curve(run, "tokens") if x <= STEP2_TOKENS]
-                per_seed.append({"seed": run.get("seed"), "goal": goal, "bl_base_flops": ref_flops,
+                tokens = step2_curve(run, "tokens")
+                within = [y for x, y in tokens if x <= STEP2_TOKENS]
+                best = min(within) if within else None
+                below = None if own is None or best is None else best < own
+                if below is False and tokens[-1][0] < STEP2_TOKENS:
+                    below = None  # not below as far as it was measured, and not measured to STEP2_TOKENS
+                per_seed.append({"seed": seed, "bl_base_seed": ref_seed, "goal": goal, "bl_base_flops": ref_flops,
                                  "flops": my_flops,
                                  "share": my_flops / ref_flops if my_flops is not None and ref_flops else None,
-                                 "best_within_1M_tokens": min(within) if within else None})
-            below = [r["best_within_1M_tokens"] is not None and own is not None and r["best_within_1M_tokens"] < own
-                     for r in per_seed]
-            shares = [r["share"] for r in per_seed]
-            bridge = runs[0].get("bridge")
+                                 "best_within_1M_tokens": best, "tokens_measured": tokens[-1][0], "below_own": below,
+                                 "flops_measured": mine[-1][0]})
+            bridge = next(iter(seeds.values())).get("bridge")
+            verdicts = [r["below_own"] for r in per_seed]
             out["step2"][f"{lang}/{key}"] = {
                 "bridge": bridge, "bridge_meets_target_1": out["bridges"].get(bridge, {}).get("met"),
                 "own_tokenizer": own, "seeds": per_seed,
-                "below_own_within_1M": all(below),
-                "compute_met": all(s is not None and s <= COMPUTE_SHARE for s in shares),
-                "final": _stats([step2_curve(r)[-1][1] for r in runs])}
+                # True: every seed below; False: a seed measured to 1M tokens is not; None: not measured that far
+                "below_own_within_1M": True if all(v is True for v in verdicts)
+                else (False if any(v is False for v in verdicts) else None),
+                "compute_met": _compute_met(per_seed),
+                "final": _stats([step2_curve(r)[-1][1] for r in seeds.values()])}
     return out
+
+
+def _compute_met(per_seed: list[dict[str, Any]]) -> bool | None:
+    """True when every seed reaches the goal within ``COMPUTE_SHARE`` of BL_BASE's FLOPs; False when a seed is past
+    that share without it (reached later, or not reached by FLOPs beyond the share); None when it cannot be read (a
+    BL_BASE that needs no update, a row measured short of the share)."""
+    verdicts = []
+    for r in per_seed:
+        if r["share"] is not None:
+            verdicts.append(r["share"] <= COMPUTE_SHARE)
+        elif r["bl_base_flops"] and r["flops"] is None and r["flops_measured"] >= COMPUTE_SHARE * r["bl_base_flops"]:
+            verdicts.append(False)
+        else:
+            verdicts.append(None)
+    return True if all(v is True for v in verdicts) else (False if any(v is False for v in verdicts) else None)
 
 
 def part_summary(args: argparse.Namespace) -> None:
     """Issue 52's targets read from the JSON (no model is loaded): written under ``targets`` and printed."""
     figures = json.loads(args.json.read_text())
     result = targets(figures)
-    update_json(args.json, "targets", result)
+    update_json(args.json, "targets", result, machine=False)  # no model ran: the benchmark's machine record stays
     for key, curve in result["curves"].items():
         print(f"step 2    {key}: " + ", ".join(
             f"{s}: {c['mean']:.3f}" + (f" +- {c['std']:.3f} (n={c['n']})" if c["n"] > 1 else "")
@@ -519,13 +544,25 @@ def part_summary(args: argparse.Namespace) -> None:
         gap = "did not train that far" if b["gap_at_1M"] is None else f"{b['gap_at_1M']:.3f}"
         print(f"target 1  {key}: English gap after 1M tokens {gap} -> {'met' if b['met'] else 'missed'}")
     for key, r in result["step2"].items():
-        final = r["final"]
-        reached = ", ".join("never" if s["flops"] is None else f"{s['share']:.0%} of BL_BASE's FLOPs"
-                            for s in r["seeds"])
-        print(f"target 2  {key} (bridge {r['bridge']}, target 1 {'met' if r['bridge_meets_target_1'] else 'missed'}):"
-              f" final {final['mean']:.3f} +- {final['std']:.3f} (n={final['n']}) against the own tokenizer's "
-              f"{r['own_tokenizer']:.3f} -> below within 1M tokens: {'yes' if r['below_own_within_1M'] else 'no'};"
-              f" 95% of BL_BASE's improvement: {reached} -> compute {'met' if r['compute_met'] else 'missed'}")
+        final, own, met = r["final"], r["own_tokenizer"], r["bridge_meets_target_1"]
+        below = {True: "yes", False: "no", None: "not measured that far"}[r["below_own_within_1M"]]
+        reached = ", ".join(_reached(s) for s in r["seeds"])
+        print(f"target 2  {key} (bridge {r['bridge']}, target 1 "
+              f"{'unknown' if met is None else 'met' if met else 'missed'}): final {final['mean']:.3f} +- "
+              f"{final['std']:.3f} (n={final['n']}) against the own tokenizer's "
+              f"{'(not measured)' if own is None else format(own, '.3f')} -> below within 1M tokens: {below}; 95% of "
+              f"BL_BASE's improvement: {reached} -> compute "
+              f"{ {True: 'met', False: 'missed', None: 'undecided'}[r['compute_met']] }")
+
+
+def _reached(s: dict[str, Any]) -> str:
+    """One seed's reading of the compute target, said plainly."""
+    pair = "" if s["seed"] == s["bl_base_seed"] else f" (against BL_BASE seed {s['bl_base_seed']})"
+    if s["bl_base_flops"] == 0:
+        return "BL_BASE needs no update to reach it (undefined)" + pair
+    if s["flops"] is None:
+        return f"not reached by {s['flops_measured']:.2g} FLOPs (BL_BASE: {s['bl_base_flops']:.2g})" + pair
+    return f"{s['share']:.0%} of BL_BASE's FLOPs" + pair
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,7 +70,7 @@ def test_targets_read_the_bridge_gap_at_1m_tokens_and_step_2_against_bl_base(ben
     assert first["flops"] == pytest.approx(250 + 250 * 0.165 / 0.18)
     assert first["share"] == pytest.approx((250 + 250 * 0.165 / 0.18) / 825)
     assert second["seed"] == 2 and second["flops"] is None and second["share"] is None
-    assert r["compute_met"] is False  # a seed that never reaches it: not met
+    assert r["compute_met"] is False  # a seed that has not reached it by 500 FLOPs, past half of BL_BASE's 825
     assert r["final"]["n"] == 2 and r["final"]["mean"] == pytest.approx(0.76)
     c = t["curves"]["fr/bl_base/mean"]  # each setting over its seeds, checkpoint by checkpoint
     assert list(c) == ["0", "100", "250", "500"] and c["100"]["n"] == 2 and c["100"]["mean"] == pytest.approx(1.05)
@@ -85,3 +85,42 @@ def test_targets_read_the_bridge_gap_at_1m_tokens_and_step_2_against_bl_base(ben
     path.write_text(json.dumps(figures))
     assert bench.main(["summary", "--json", str(path)]) == 0
     assert json.loads(path.read_text())["targets"]["bridges"]["N12/far"]["met"] is False
+
+
+def test_the_summary_says_what_it_cannot_read_instead_of_failing(bench, tmp_path, capsys):
+    """A BL_BASE that never improves (its goal met at step 0), a language without SmolLM2's own figure, a row that is
+    not below by the end of what was measured (512k tokens, short of 1M), a seed BL_BASE lacks, a tagged BL_BASE
+    setting: each read and said plainly; the JSON's machine record is left as the measuring run wrote it."""
+    flat = step2("bl_base", [1.4, 1.4, 1.4, 1.4], 2.0)
+    figures = {
+        "machine": {"cpu": "the measuring VM"},
+        "bridge": {},
+        "embeddings": {
+            "fr": {"smollm2_own_tokenizer": {"nats_per_char": 1.0},
+                   "bl_base/mean": flat,
+                   "bl_base/mean@tagged": step2("bl_base", [1.4, 1.0, 0.8, 0.7], 2.0),
+                   "minipost/mean@tagged": step2("minipost", [1.4, 1.2, 1.1, 1.05], 1.0),
+                   "minipost/mean@tagged#s3": step2("minipost", [1.4, 1.2, 1.1, 0.95], 1.0, seed=3),
+                   "minipost/mean[copy:lm]": step2("minipost", [1.4, 1.3, 1.2, 1.1], 1.0)},
+            "ru": {"bl_base/mean": step2("bl_base", [2.0, 1.5, 1.3, 1.2], 2.0),
+                   "minipost/mean@x": step2("minipost", [2.0, 1.8, 1.7, 1.6], 1.0)}}}
+    t = bench.targets(figures)
+    tagged = t["step2"]["fr/minipost/mean@tagged"]
+    assert tagged["seeds"][0]["bl_base_flops"] == pytest.approx(2 * 412.5)  # bl_base/mean@tagged, not the flat one
+    assert [s["bl_base_seed"] for s in tagged["seeds"]] == [0, 0]  # seed 3 has no BL_BASE of its own: said
+    assert tagged["seeds"][0]["below_own"] is None and tagged["seeds"][1]["below_own"] is True
+    assert tagged["below_own_within_1M"] is None  # one seed not below by 512k tokens: not measured to 1M
+    flat_pair = t["step2"]["fr/minipost/mean[copy:lm]"]["seeds"][0]
+    assert flat_pair["bl_base_flops"] == 0 and flat_pair["share"] is None
+    assert t["step2"]["fr/minipost/mean[copy:lm]"]["compute_met"] is None  # undefined, not "missed"
+    assert t["step2"]["ru/minipost/mean@x"]["own_tokenizer"] is None
+    assert t["step2"]["ru/minipost/mean@x"]["below_own_within_1M"] is None
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(figures))
+    assert bench.main(["summary", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "BL_BASE needs no update to reach it (undefined)" in out and "(against BL_BASE seed 0)" in out
+    assert "below within 1M tokens: not measured that far" in out and "own tokenizer's (not measured)" in out
+    assert "target 1 unknown" in out and "compute undecided" in out
+    assert "not reached by 5e+02 FLOPs (BL_BASE: 8.2e+02)" in out
+    assert json.loads(path.read_text())["machine"] == {"cpu": "the measuring VM"}
