@@ -60,6 +60,37 @@ def test_unknown_key_in_override_names_it():
         load_experiment(ROOT / "experiments" / "tiny.yaml", ["pretrain.optim.lrr=1"])
 
 
+def test_overrides_merged_at_once_read_as_one_at_a_time():
+    """Overrides on keys apart are merged in one go (a merge copies the whole config): the same config as merging
+    them one by one; a bad one among them gives the message it gives alone; a key given twice (or inside another)
+    is merged in turn, so a bad value is refused even when a later override would replace it."""
+    from omegaconf import OmegaConf
+
+    from minimodel.config import load as config_load
+
+    tiny = ROOT / "experiments" / "tiny.yaml"
+    items = ["pretrain.optim.updates=7", "target_langs=[de]", "data.vocab_size=500", "bridge.optim={lr: 0.5}",
+             "adapt.trainer.ckpt_steps=[1,2]", "finetune.seeds=[3]", "name=other"]
+    one_by_one = OmegaConf.structured(config_load.ExperimentConfig)
+    for source, fragment in config_load._compose(tiny, config_load.find_conf_dir(tiny)):
+        one_by_one = config_load._merge(one_by_one, fragment, source)
+    for item in items:
+        one_by_one = config_load._apply_overrides(one_by_one, [item])
+    at_once = load_experiment(tiny, items)
+    assert OmegaConf.to_yaml(OmegaConf.structured(at_once)) == OmegaConf.to_yaml(OmegaConf.to_object(one_by_one))
+    assert at_once.bridge.optim.lr == 0.5 and at_once.bridge.optim.updates > 0  # a mapping merged, not replaced
+    with pytest.raises(ConfigError, match=r"override 'pretrain.optim.updates=many': bad value for "
+                                          r"'pretrain.optim.updates'"):
+        load_experiment(tiny, [*items[1:], "pretrain.optim.updates=many"])
+    with pytest.raises(ConfigError, match=r"override 'pretrain.optim.lrr=1': unknown config key"):
+        load_experiment(tiny, [*items, "pretrain.optim.lrr=1"])
+    for twice in (["pretrain.optim.updates=many", "pretrain.optim.updates=7"],
+                  ["pretrain.optim={updates: many}", "pretrain.optim.updates=7"]):
+        with pytest.raises(ConfigError, match="bad value for 'pretrain.optim.updates'"):
+            load_experiment(tiny, twice)
+    assert load_experiment(tiny, ["data.vocab_size=400", "data.vocab_size=500"]).data.vocab_size == 500
+
+
 def experiment_outside_repo(tmp_path, monkeypatch, name: str, text: str):
     """An experiment file in a temporary folder, composed from the repository's conf/ (MINIMODEL_CONF)."""
     exp = tmp_path / "experiments" / name

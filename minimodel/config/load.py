@@ -202,6 +202,31 @@ def load_structured(schema: type, path: Path, what: str, error: type[ConfigError
         raise error(f"{path}: {e}") from e
 
 
+def _apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """``cfg`` with each ``key=value`` of ``overrides`` merged in turn, an error naming the override at fault. Merging
+    copies the whole structured config, so where no key is given twice or inside another (each override reaches its
+    own part of the tree, and the order cannot matter) they are merged at once; any error is then found again one
+    override at a time, so its message is the one the override alone gives."""
+    parsed = [(item, *_parse_override(item)) for item in overrides]
+
+    def fragment_of(pairs: list[tuple[str, str, Any]]) -> DictConfig:
+        fragment = OmegaConf.create({})
+        for _, key, value in pairs:
+            OmegaConf.update(fragment, key, value, force_add=True)
+        return fragment
+
+    keys = sorted(key for _, key, _ in parsed)
+    apart = all(not (b == a or b.startswith(a + ".")) for a, b in zip(keys, keys[1:]))
+    if apart and len(parsed) > 1:
+        try:
+            return OmegaConf.merge(cfg, fragment_of(parsed))  # type: ignore[return-value]
+        except Exception:  # found again below, override by override, with its own message
+            pass
+    for item, key, value in parsed:
+        cfg = _merge(cfg, fragment_of([(item, key, value)]), f"override '{item}'")
+    return cfg
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
     """Compose, override, validate (the checks that hold for every system; ``experiment.load_experiment`` adds the
     system's own). Returns a typed ``ExperimentConfig`` (an OmegaConf-backed object)."""
@@ -210,11 +235,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     cfg: DictConfig = OmegaConf.structured(ExperimentConfig)
     for source, fragment in _compose(path, conf_dir):
         cfg = _merge(cfg, fragment, source)
-    for item in overrides or []:
-        key, value = _parse_override(item)
-        fragment = OmegaConf.create({})
-        OmegaConf.update(fragment, key, value, force_add=True)
-        cfg = _merge(cfg, fragment, f"override '{item}'")
+    cfg = _apply_overrides(cfg, overrides or [])
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"{path}: missing required value(s) {', '.join(missing)} (set them in the file or as key=value)")
