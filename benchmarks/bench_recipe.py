@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import platform
 import sys
@@ -405,15 +406,13 @@ COMPUTE_SHARE = 0.5  # ... with at most this share of its compute
 
 
 def first_reach(points: list[tuple[float, float]], target: float) -> float | None:
-    """The x at which the curve ``points`` ((x, loss), x ascending) first comes down to ``target``, linear between the
-    point before and the first at or below it (the first point itself when it is already there); None when never."""
-    for i, (x, y) in enumerate(points):
-        if y <= target:
-            if i == 0:
-                return x
-            x0, y0 = points[i - 1]
-            return x0 + (x - x0) * (y0 - target) / (y0 - y)
-    return None
+    """The x at which the loss curve ``points`` ((x, loss), x ascending) first comes down to ``target``: the report's
+    time to target (``report.curves.time_to_target``, interpolated the same way) on the negated loss; None when
+    never."""
+    from minimodel.report.curves import time_to_target
+
+    x = time_to_target([p[0] for p in points], [-p[1] for p in points], -target)
+    return None if math.isinf(x) else x
 
 
 def at(points: list[tuple[float, float]], x: float) -> float | None:
@@ -504,16 +503,19 @@ def targets(figures: dict[str, Any]) -> dict[str, Any]:
                                  "best_within_1M_tokens": best, "tokens_measured": tokens[-1][0], "below_own": below,
                                  "flops_measured": mine[-1][0]})
             bridge = next(iter(seeds.values())).get("bridge")
-            verdicts = [r["below_own"] for r in per_seed]
             out["step2"][f"{lang}/{key}"] = {
                 "bridge": bridge, "bridge_meets_target_1": out["bridges"].get(bridge, {}).get("met"),
                 "own_tokenizer": own, "seeds": per_seed,
                 # True: every seed below; False: a seed measured to 1M tokens is not; None: not measured that far
-                "below_own_within_1M": True if all(v is True for v in verdicts)
-                else (False if any(v is False for v in verdicts) else None),
+                "below_own_within_1M": _every([r["below_own"] for r in per_seed]),
                 "compute_met": _compute_met(per_seed),
                 "final": _stats([step2_curve(r)[-1][1] for r in seeds.values()])}
     return out
+
+
+def _every(verdicts: list[bool | None]) -> bool | None:
+    """Seeds' verdicts together: True when every one holds, False when one fails, None (undecided) otherwise."""
+    return True if all(v is True for v in verdicts) else (False if any(v is False for v in verdicts) else None)
 
 
 def _compute_met(per_seed: list[dict[str, Any]]) -> bool | None:
@@ -528,7 +530,7 @@ def _compute_met(per_seed: list[dict[str, Any]]) -> bool | None:
             verdicts.append(False)
         else:
             verdicts.append(None)
-    return True if all(v is True for v in verdicts) else (False if any(v is False for v in verdicts) else None)
+    return _every(verdicts)
 
 
 def part_summary(args: argparse.Namespace) -> None:
