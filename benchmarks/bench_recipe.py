@@ -61,7 +61,7 @@ def update_json(path: Path, key: str, value: Any, machine: bool = True) -> None:
         figures["machine"] = {"cpu": platform.processor() or _cpu(), "threads": torch.get_num_threads(),
                               "torch": torch.__version__, "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "")}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two parts writing at once never share a file half-written
     tmp.write_text(json.dumps(figures, indent=1, default=str) + "\n")
     tmp.replace(path)
 
@@ -296,6 +296,8 @@ def part_init(args: argparse.Namespace) -> None:
     from minimodel.stages.bridge import load_primary
 
     for lang in args.langs:
+        if all([_finished(args, "init", lang, f"{v}/{i}") for v in args.vocabularies for i in args.inits]):
+            continue  # every start asked for is in the JSON (--redo measures them again)
         cfg = config(args.runs_dir, "recipe-init", f"lang={lang}", "system=bl_base", *args.override)
         smollm2, trained_with = load_primary(cfg.bridge.source, cfg.model.family, runs_dir=str(cfg.runs_dir))
         own = load_source_tokenizer(cfg, smollm2, cfg.bridge.source, trained_with)
@@ -324,7 +326,7 @@ def part_init(args: argparse.Namespace) -> None:
             print(f"{lang} {key}: {out[key]['nats_per_char']:.4f} nats/char ({out[key]['tokens_per_char']:.3f} "
                   f"tokens/char)", flush=True)
         figures = json.loads(args.json.read_text()).get("init", {}) if args.json.exists() else {}
-        figures[lang] = out
+        figures.setdefault(lang, {}).update(out)  # another --inits adds its rows; the ones measured before stay
         update_json(args.json, "init", figures)
 
 

@@ -6,7 +6,7 @@
 #     OMP_NUM_THREADS=2 nohup bash benchmarks/recipe_grid.sh > logs/recipe_grid.log 2>&1 &
 # Needs the GGUF (bash scripts/get_smollm2.sh) and the prepared data: minimodel prepare
 # experiments/recipe_smollm2.yaml --langs en,fr,ru, and again with adapt.vocabulary=extend --langs fr,ru.
-# Sections run in the order written: a, c, d, then what is left of b.
+# Sections run in the order written: a, c, d, then what is left of b, FOCUS, e.
 # On a 2-core Intel Xeon: about 22 minutes a bridge trained on the LM loss, 70 a distilled one; 10-15 a MiniPost
 # step 2 of 500 updates, 25-30 a BL_BASE one (the extended vocabulary costs more: its output layer has 52-54k rows).
 # Not in the grid: the lr-1e-3 affine:distill bridge (its row is from another VM; step 2 reads the lr-2e-3 one).
@@ -57,6 +57,16 @@ done
 # MiniPost over the LM-trained bridges (French, mean, replaced vocabulary): what the bridge's objective does to step 2
 for bridge in copy:lm affine:lm; do
   $B embeddings --depth 12 --bridge-recipe "$bridge" --systems minipost --inits mean --vocabularies replace --langs fr
+done
+# FOCUS (adapt.init=focus: fastText vectors of the target pieces trained on step 2's text, then FOCUS's mix of
+# SmolLM2's embeddings of the pieces both vocabularies share): its step 0 (minutes; skipped when in the JSON), then
+# step 2 over both systems, replaced vocabulary first, then extended
+.venv/bin/python benchmarks/bench_recipe.py init --langs fr,ru --inits focus
+for vocabulary in replace extend; do
+  for lang in fr ru; do
+    $B embeddings --depth 12 --systems minipost --inits focus --vocabularies "$vocabulary" --langs "$lang" "${LR2[@]}"
+    $B embeddings --depth 12 --systems bl_base --inits focus --vocabularies "$vocabulary" --langs "$lang"
+  done
 done
 # (e) the lever left: does a longer bridge over English, French and Russian close the gap to BL_BASE per FLOP? The
 # bridge of (c) at 2,000 updates (2M tokens, a third of them English), its alignment and MiniPost's French step 2
