@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         t_enc = [float("inf")]
         for i in range(1 if args.quick else 2):  # best of two, each into a fresh folder
             with common.timer() as t:
-                manifest = encode_corpus(args.corpus, tok, tmp / f"shards{i}", threads=threads, progress=False)
+                manifest = encode_corpus(args.corpus, tok, tmp / f"shards{i}", workers=threads, progress=False)
             t_enc = [min(t_enc[0], t[0])]
         n_tokens = sum(s["tokens"] for s in manifest["shards"])
         best = {1: float("inf"), 2: float("inf")}
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 best[n] = min(best[n], t[0])
         raw = {n: mb / b for n, b in best.items()}
         print(f"tokenizer training (unigram, vocab {vocab}, {threads} threads): {t_train[0]:.1f} s")
-        print(f"encode_corpus ({threads} threads; xz decoding + encoding + shards): {mb / t_enc[0]:.2f} MB/s "
+        print(f"encode_corpus ({threads} worker processes; xz decoding + encoding + shards): {mb / t_enc[0]:.2f} MB/s "
               f"({t_enc[0]:.2f} s, {n_tokens:,} tokens, {n_tokens / t_enc[0]:,.0f} tokens/s)")
         rest = t_enc[0] - t_read[0] - best[threads]
         print(f"  = reading + xz decoding {t_read[0]:.2f} s + Tokenizer.encode {best[threads]:.2f} s + the rest "

@@ -16,6 +16,12 @@ part of `make test`.
     .venv/bin/python scripts/gpu_check.py [--only chain,resume,bench,memory] [--out PATH]
     .venv/bin/python scripts/gpu_check.py --device cpu --out /tmp/check.json   # rehearsal on the CPU (small sizes),
                                                                                # for working on this script
+    python3 scripts/gpu_check.py --budget-s 480 --logs DIR --out DIR/gpu_check.json  # a lent machine whose time is
+                                                                                   # counted (scripts/device_gpu_check.sh)
+
+With ``--budget-s`` every subprocess's time limit is cut to the time left, a check that would start with less than
+``MIN_LEFT_S`` left is not run (said in the JSON), and the JSON (and with ``--logs`` each check's log) is written
+after every check, so that a run stopped from outside still leaves what it measured.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import json
 import lzma
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,6 +49,19 @@ OUT = ROOT / "benchmarks" / "results" / "gpu_check.json"
 EXP = ROOT / "experiments" / "tiny.yaml"
 CHECKS = ("chain", "resume", "bench", "memory")
 TIMEOUT_S = {"chain": 360, "resume": 300, "bench": 300}
+MIN_LEFT_S = 45.0  # with --budget-s: a check is not started with less time than this left
+_DEADLINE: list[float] = []  # with --budget-s: time.monotonic() at which every check must have ended
+
+
+def limit(check: str) -> float:
+    """The time limit of one subprocess of ``check``: its own (``TIMEOUT_S``), cut to the budget left, if any."""
+    if not _DEADLINE:
+        return TIMEOUT_S[check]
+    return max(1.0, min(TIMEOUT_S[check], _DEADLINE[0] - time.monotonic()))
+
+
+def time_left() -> float:
+    return _DEADLINE[0] - time.monotonic() if _DEADLINE else math.inf
 
 TINY = ["data.vocab_size=1000", "data.seq_len=64", "data.val_blocks=8", "model.max_positions=66",
         "logging.wandb=disabled", "data.num_workers=0"]
@@ -119,8 +139,12 @@ def loss_distance(a: dict[int, float], b: dict[int, float]) -> float:
 
 
 def status_of(checks: dict[str, dict[str, Any]]) -> str:
-    bad = [name for name, c in checks.items() if c.get("status") not in ("ok", "skipped")]
-    return "ok" if not bad else f"failed: {', '.join(bad)}"
+    """"ok", "failed: ..." where a check failed, else "incomplete: ..." where one was not run for want of time."""
+    bad = [name for name, c in checks.items() if c.get("status") not in ("ok", "skipped", "not run")]
+    missing = [name for name, c in checks.items() if c.get("status") == "not run"]
+    if bad:
+        return f"failed: {', '.join(bad)}" + (f" (not run: {', '.join(missing)})" if missing else "")
+    return f"incomplete: not run: {', '.join(missing)}" if missing else "ok"
 
 
 def summary_table(result: dict[str, Any]) -> str:
@@ -212,7 +236,7 @@ def check_chain(tmp: Path, device: str) -> dict[str, Any]:
     steps = [s.name for s in plan(str(EXP), overrides)]
     log = tmp / "chain.log"
     t0 = time.perf_counter()
-    rc = minimodel(["run", str(EXP), *overrides], log, TIMEOUT_S["chain"]).returncode
+    rc = minimodel(["run", str(EXP), *overrides], log, limit("chain")).returncode
     text = log.read_text(errors="replace")
     started = [name for name in steps if f"run {name}: minimodel" in text]
     failed = next((n for n in started if f"step {n} exited with code" in text), started[-1] if rc and started else "")
@@ -226,7 +250,7 @@ def check_chain(tmp: Path, device: str) -> dict[str, Any]:
         bridge = ["bridge", str(EXP), *overrides, "system=minipost", "model.mini_heads=[]", f"bridge.source={ckpt}",
                   "bridge.depth=2", "bridge.layers=1", *optim("bridge", 10, 10, 10), *trainer(["bridge"], device)]
         t1 = time.perf_counter()
-        brc = minimodel(bridge, log, TIMEOUT_S["chain"]).returncode
+        brc = minimodel(bridge, log, limit("chain")).returncode
         done = (tmp / "runs" / "tiny" / "minipost" / "bridge" / "done.json").is_file()
         per_step["bridge (minipost)"] = "ok" if brc == 0 and done else f"exit {brc}"
         out["bridge_s"] = round(time.perf_counter() - t1, 1)
@@ -289,15 +313,15 @@ def check_resume(tmp: Path, device: str) -> dict[str, Any]:
         return tmp / name / "tiny" / "minijoint" / "pretrain"
 
     t0 = time.perf_counter()
-    prep = minimodel(["prepare", str(EXP), *args("a")[2:], "--langs=en"], log, TIMEOUT_S["resume"])
+    prep = minimodel(["prepare", str(EXP), *args("a")[2:], "--langs=en"], log, limit("resume"))
     if prep.returncode:
         return {"status": "failed", "summary": f"prepare exit {prep.returncode}", "log_tail": tail(log)}
     for name in ("a", "b"):
-        rc = minimodel(args(name), log, TIMEOUT_S["resume"]).returncode
+        rc = minimodel(args(name), log, limit("resume")).returncode
         if rc:
             return {"status": "failed", "summary": f"uninterrupted run {name} exit {rc}", "log_tail": tail(log)}
-    killed_at = kill_mid_way(args("c"), run_dir("c"), log, after=3 * every, every=every, timeout=TIMEOUT_S["resume"])
-    rc = minimodel(args("c"), log, TIMEOUT_S["resume"]).returncode
+    killed_at = kill_mid_way(args("c"), run_dir("c"), log, after=3 * every, every=every, timeout=limit("resume"))
+    rc = minimodel(args("c"), log, limit("resume")).returncode
     if rc or not (run_dir("c") / "done.json").is_file():
         return {"status": "failed", "summary": f"resumed run exit {rc}", "log_tail": tail(log)}
     weights = {n: load_checkpoint(run_dir(n) / "checkpoints" / "last.ckpt")["state_dict"] for n in "abc"}
@@ -323,7 +347,7 @@ def check_bench(tmp: Path, device: str) -> dict[str, Any]:
     with open(log, "w") as f:
         rc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--device", device, "--quick",
                              "--out", str(out)], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                            timeout=TIMEOUT_S["bench"]).returncode
+                            timeout=limit("bench")).returncode
     wall = round(time.perf_counter() - t0, 1)
     if rc or not out.is_file():
         return {"status": "failed", "summary": f"run_all.py exit {rc}", "log_tail": tail(log), "wall_s": wall}
@@ -395,6 +419,18 @@ def run_check(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+LOGS = {"chain": "chain/chain.log", "resume": "resume/resume.log", "bench": "bench.log"}
+"""Each check's log under the checks' temporary directory; ``--logs DIR`` keeps a copy as DIR/<check>.log."""
+
+
+def write_result(out_path: Path, result: dict[str, Any]) -> None:
+    """The JSON, whole or not at all (a run stopped from outside while it is written keeps the last one)."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    part = out_path.with_name(out_path.name + ".part")
+    part.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    part.replace(out_path)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default=",".join(CHECKS), help=f"comma-separated checks among {', '.join(CHECKS)}")
@@ -402,11 +438,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu: rehearse the checks on the CPU at small sizes (for working on this script; no GPU "
                         "figures, and nothing written unless --out is given)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="seconds every check together may take (a lent machine's time): subprocess limits are cut "
+                        "to what is left, a check is not started with less than "
+                        f"{MIN_LEFT_S:.0f} s left, and the JSON is written after every check")
+    p.add_argument("--logs", type=Path, default=None, help="a folder to keep each check's log in (<check>.log)")
     args = p.parse_args(argv)
     only = [c.strip() for c in args.only.split(",") if c.strip()]
     unknown = [c for c in only if c not in CHECKS]
     if unknown:
         p.error(f"--only: unknown check(s) {', '.join(unknown)}; choose among {', '.join(CHECKS)}")
+    if args.budget_s is not None and args.budget_s <= 0:
+        p.error(f"--budget-s: expected a number of seconds above 0, got {args.budget_s:g}")
 
     if args.device == "cuda":
         reason = no_cuda_reason()
@@ -415,11 +458,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"machine with a CUDA GPU (after `make setup` with a CUDA build of torch).")
             return 0
     out_path = args.out or (OUT if args.device == "cuda" else None)
+    _DEADLINE[:] = [] if args.budget_s is None else [time.monotonic() + args.budget_s]
 
     import torch
 
     t0 = time.perf_counter()
-    checks: dict[str, dict[str, Any]] = {}
+    device = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU (rehearsal, {os.cpu_count()} cores)"
+    result: dict[str, Any] = {
+        "device": device, "torch": torch.__version__, "cuda": torch.version.cuda, "precision": precision(args.device),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "budget_s": args.budget_s, "wall_s": 0.0,
+        "status": "incomplete: nothing checked yet", "checks": {}}
+    checks: dict[str, dict[str, Any]] = result["checks"]
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp_name:
         tmp = Path(tmp_name)
         fns: dict[str, Callable[[], dict[str, Any]]] = {
@@ -429,15 +478,25 @@ def main(argv: list[str] | None = None) -> int:
             "memory": lambda: check_memory(args.device),
         }
         for name in CHECKS:
-            checks[name] = run_check(name, fns[name]) if name in only else {"status": "skipped", "summary": "--only"}
-    device = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU (rehearsal, {os.cpu_count()} cores)"
-    result = {"device": device, "torch": torch.__version__, "cuda": torch.version.cuda, "precision": precision(args.device),
-              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "wall_s": round(time.perf_counter() - t0, 1),
-              "status": status_of(checks), "checks": checks}
+            if name not in only:
+                checks[name] = {"status": "skipped", "summary": "--only"}
+            elif time_left() < MIN_LEFT_S:
+                checks[name] = {"status": "not run", "summary": f"{max(0.0, time_left()):.0f} s of the --budget-s "
+                                                                f"{args.budget_s:g} left (at least {MIN_LEFT_S:.0f})"}
+                print(f"[gpu-check] {name}: not run ({checks[name]['summary']})", flush=True)
+            else:
+                checks[name] = run_check(name, fns[name])
+            if args.logs is not None and name in LOGS and (tmp / LOGS[name]).is_file():
+                args.logs.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(tmp / LOGS[name], args.logs / f"{name}.log")
+            left = CHECKS[CHECKS.index(name) + 1:]  # what a run stopped from outside now would leave unchecked
+            last = not left
+            result.update(wall_s=round(time.perf_counter() - t0, 1),
+                          status=status_of(checks) if last else f"incomplete: {', '.join(left)} still to run")
+            if out_path is not None and (last or args.budget_s is not None):
+                write_result(out_path, result)
     print("\n" + summary_table(result))
     if out_path is not None:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(result, indent=1, default=str) + "\n")
         shown = out_path.relative_to(ROOT) if out_path.is_relative_to(ROOT) else out_path
         print(f"\nwritten: {shown} ({result['wall_s']:.0f} s in all)")
     return 0 if result["status"] == "ok" else 1

@@ -4,9 +4,12 @@ summary are right. What it checks on a GPU is described in docs/benchmarks.md.""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import os
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -90,3 +93,100 @@ def test_summary_table_of_a_result():
     assert memory[0].split() == ["minijoint", "pretrain", "32", "512", "9.00", "10.00", "0.900", "ok"]
     assert memory[1].endswith("1.200  OUTSIDE 0.75-1.1")
     assert gpu_check.status_of({"chain": {"status": "ok"}, "bench": {"status": "skipped"}}) == "ok"
+
+
+def test_a_check_left_without_time_is_not_run_and_said_so():
+    assert gpu_check.status_of({"chain": {"status": "ok"}, "resume": {"status": "not run"}}) == \
+        "incomplete: not run: resume"
+    assert gpu_check.status_of({"chain": {"status": "failed"}, "bench": {"status": "not run"}}) == \
+        "failed: chain (not run: bench)"
+
+
+def test_subprocess_limits_are_cut_to_the_budget_left(monkeypatch):
+    monkeypatch.setattr(gpu_check, "_DEADLINE", [])
+    assert gpu_check.limit("chain") == gpu_check.TIMEOUT_S["chain"] and gpu_check.time_left() == math.inf
+    now = 1000.0
+    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: now)
+    monkeypatch.setattr(gpu_check, "_DEADLINE", [now + 100.0])
+    assert gpu_check.limit("chain") == 100.0 and gpu_check.limit("bench") == 100.0
+    monkeypatch.setattr(gpu_check, "_DEADLINE", [now + 1000.0])
+    assert gpu_check.limit("resume") == gpu_check.TIMEOUT_S["resume"]
+    monkeypatch.setattr(gpu_check, "_DEADLINE", [now - 5.0])
+    assert gpu_check.limit("chain") == 1.0  # never 0 or below: subprocess would refuse it
+
+
+def test_with_a_budget_the_json_and_logs_are_written_after_every_check(tmp_path, monkeypatch):
+    """A lent machine's call can be stopped from outside at its limit: what was measured before must be on disk."""
+    out, logs = tmp_path / "out" / "gpu_check.json", tmp_path / "out" / "logs"
+    seen = {}
+
+    def chain(tmp, device):
+        tmp.mkdir(parents=True)
+        (tmp / "chain.log").write_text("the chain's log\n")
+        return {"status": "ok", "summary": "7/7 steps exit 0"}
+
+    def resume(tmp, device):  # the moment a stop from outside would come: the chain's result is already written
+        seen["json"] = json.loads(out.read_text())
+        seen["log"] = (logs / "chain.log").read_text()
+        now[0] = 100.0  # it takes 100 s of the 120: 20 left, under MIN_LEFT_S
+        return {"status": "failed", "summary": "resumed run exit 1"}
+
+    def memory(device):  # the budget is spent by now
+        raise AssertionError("memory must not start with no time left")
+
+    now = [0.0]
+    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(gpu_check, "check_chain", chain)
+    monkeypatch.setattr(gpu_check, "check_resume", resume)
+    monkeypatch.setattr(gpu_check, "check_memory", memory)
+    rc = gpu_check.main(["--device", "cpu", "--only", "chain,resume,memory", "--budget-s", "120", "--out", str(out),
+                         "--logs", str(logs)])
+    assert seen["json"]["status"] == "incomplete: resume, bench, memory still to run"
+    assert seen["json"]["checks"] == {"chain": {"status": "ok", "summary": "7/7 steps exit 0",
+                                                "wall_s": seen["json"]["checks"]["chain"]["wall_s"]}}
+    assert seen["log"] == "the chain's log\n"
+    final = json.loads(out.read_text())
+    assert rc == 1 and final["budget_s"] == 120
+    assert final["checks"]["bench"] == {"status": "skipped", "summary": "--only"}
+    assert final["checks"]["memory"]["status"] == "not run" and "of the --budget-s 120 left" in \
+        final["checks"]["memory"]["summary"] and final["checks"]["memory"]["summary"].startswith("20 s")
+    assert final["status"] == "failed: resume (not run: memory)"
+    assert not list(out.parent.glob("*.part"))
+
+
+def test_a_budget_of_nothing_is_refused():
+    p = subprocess.run([sys.executable, str(SCRIPT), "--budget-s", "0"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "--budget-s: expected a number of seconds above 0" in p.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: gpu-check would run for real")
+def test_the_device_script_installs_the_carried_wheels_and_runs_from_the_tree(tmp_path):
+    """scripts/device_gpu_check.sh as a lent machine runs it (here its no-CUDA side): the wheels it is given are
+    installed into its site folder and put on the path, the versions it runs with are recorded in $OUT, minimodel is
+    imported from this checkout, and gpu_check.py's verdict is its exit code."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "carriedmod-1.0-py3-none-any.whl", "w") as z:  # a wheel by hand: what pip reads
+        z.writestr("carriedmod.py", "VALUE = 42\n")
+        z.writestr("carriedmod-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: carriedmod\nVersion: 1.0\n")
+        z.writestr("carriedmod-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\n"
+                                                     "Tag: py3-none-any\n")
+        z.writestr("carriedmod-1.0.dist-info/RECORD", "")
+    out, site = tmp_path / "out", tmp_path / "site"
+    env = {**os.environ, "PYTHON": sys.executable, "WHEELS": str(wheels), "SITE": str(site), "OUT": str(out)}
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "device_gpu_check.sh")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (site / "carriedmod.py").read_text() == "VALUE = 42\n"
+    versions = (out / "versions.txt").read_text()
+    assert f"minimodel.cli ok {ROOT / 'minimodel' / 'cli.py'}" in versions and "MISSING" not in versions
+    assert (out / "nvidia-smi.txt").is_file()
+    assert "gpu-check: skipped: torch" in (out / "gpu_check.log").read_text()
+    assert "scripts/gpu_check.py exit 0" in p.stdout and not (out / "gpu_check.json").exists()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "broken-1.0-py3-none-any.whl").write_bytes(b"not a zip")
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "device_gpu_check.sh")], cwd=tmp_path,
+                       env={**env, "WHEELS": str(bad)}, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 3 and f"the wheels in {bad} did not install" in p.stderr
