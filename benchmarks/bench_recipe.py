@@ -55,15 +55,22 @@ def config(runs: Path, name: str, *overrides: str) -> ExperimentConfig:
 
 
 def update_json(path: Path, key: str, value: Any, machine: bool = True) -> None:
-    figures = json.loads(path.read_text()) if path.exists() else {}
-    figures[key] = value
-    if machine:  # the machine that measured it (a part that only reads the JSON leaves the record as it is)
-        figures["machine"] = {"cpu": platform.processor() or _cpu(), "threads": torch.get_num_threads(),
-                              "torch": torch.__version__, "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "")}
+    """Set ``key`` of the JSON at ``path``: read, changed and replaced whole under a lock, so that two parts run at
+    once (the grid, and another part started beside it) keep each other's keys. (Not one key written by both: each
+    part reads its key's rows earlier and writes them back whole.)"""
+    import fcntl
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two parts writing at once never share a file half-written
-    tmp.write_text(json.dumps(figures, indent=1, default=str) + "\n")
-    tmp.replace(path)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        figures = json.loads(path.read_text()) if path.exists() else {}
+        figures[key] = value
+        if machine:  # the machine that measured it (a part that only reads the JSON leaves the record as it is)
+            figures["machine"] = {"cpu": platform.processor() or _cpu(), "threads": torch.get_num_threads(),
+                                  "torch": torch.__version__, "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "")}
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(figures, indent=1, default=str) + "\n")
+        tmp.replace(path)
 
 
 def _cpu() -> str:
@@ -296,7 +303,8 @@ def part_init(args: argparse.Namespace) -> None:
     from minimodel.stages.bridge import load_primary
 
     for lang in args.langs:
-        if all([_finished(args, "init", lang, f"{v}/{i}") for v in args.vocabularies for i in args.inits]):
+        starts = [(v, i) for v in args.vocabularies for i in args.inits if not _finished(args, "init", lang, f"{v}/{i}")]
+        if not starts:
             continue  # every start asked for is in the JSON (--redo measures them again)
         cfg = config(args.runs_dir, "recipe-init", f"lang={lang}", "system=bl_base", *args.override)
         smollm2, trained_with = load_primary(cfg.bridge.source, cfg.model.family, runs_dir=str(cfg.runs_dir))
@@ -307,7 +315,7 @@ def part_init(args: argparse.Namespace) -> None:
                                "held_out": {"blocks": len(texts), "chars": sum(len(t) for t in texts)}}
         print(f"{lang}: SmolLM2 with its own tokenizer {out['smollm2_own_tokenizer']['nats_per_char']:.4f} nats/char "
               f"({out['smollm2_own_tokenizer']['tokens_per_char']:.3f} tokens/char)", flush=True)
-        for vocabulary, init in ((v, i) for v in args.vocabularies for i in args.inits):
+        for vocabulary, init in starts:
             start = time.perf_counter()
             c = config(args.runs_dir, "recipe-init", f"lang={lang}", "system=bl_base", f"adapt.init={init}",
                        f"adapt.vocabulary={vocabulary}", *args.override)

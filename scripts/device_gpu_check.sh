@@ -9,11 +9,24 @@
 # brings back what was measured). Everything lands in $OUT (the device tool brings back at most 8 files):
 # nvidia-smi.txt, versions.txt, gpu_check.json, gpu_check.log, logs/{chain,resume,bench}.log.
 # Then here: copy $OUT's gpu_check.json to benchmarks/results/gpu_check.json and commit it, whatever it says.
-# Exit: gpu_check.py's (0 all checks ok, or no CUDA device: it says why; 1 a check failed or was not run); 3 when the
-# wheels do not install.
+# Exit: gpu_check.py's (0 every check ok; 1 a check failed, was cut short or not run; 2 torch finds no CUDA device,
+# which on a lent GPU machine is a failure); 3 the wheels do not install; 4 no Python with torch, or minimodel cannot
+# be imported (a wheel missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then  # the interpreter that holds torch (python3 on this workplace's machines)
+  for candidate in python3 python; do
+    if command -v "$candidate" > /dev/null && "$candidate" -c "import torch" 2> /dev/null; then
+      PY=$candidate
+      break
+    fi
+  done
+fi
+if [ -z "$PY" ]; then
+  echo "device-gpu-check: no python3 or python here imports torch (set PYTHON=...)" >&2
+  exit 4
+fi
 WHEELS=${WHEELS:-.whl}
 SITE=${SITE:-/tmp/site}
 BUDGET_S=${BUDGET_S:-480}
@@ -21,8 +34,15 @@ BUDGET_S=${BUDGET_S:-480}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 if compgen -G "$WHEELS/*.whl" > /dev/null; then
-  if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-      "$WHEELS"/*.whl; then
+  installed=1
+  if "$PY" -m pip --version > /dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+      "$WHEELS"/*.whl || installed=0
+  else  # no pip there: a pure-Python wheel is a zip of what goes into site-packages
+    mkdir -p "$SITE" || installed=0
+    for w in "$WHEELS"/*.whl; do "$PY" -m zipfile -e "$w" "$SITE" || installed=0; done
+  fi
+  if [ "$installed" = 0 ]; then
     echo "device-gpu-check: the wheels in $WHEELS did not install into $SITE" >&2
     exit 3
   fi
@@ -32,6 +52,11 @@ else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 { nvidia-smi || echo "nvidia-smi: not found or failed"; } > "$OUT/nvidia-smi.txt" 2>&1
+if ! "$PY" -c "import minimodel.cli" 2> "$OUT/import.txt"; then
+  echo "device-gpu-check: minimodel cannot be imported with $PY ($(tail -n 1 "$OUT/import.txt")): a wheel missing?" >&2
+  exit 4
+fi
+rm -f "$OUT/import.txt"
 "$PY" - <<'PYEOF' 2>&1 | tee "$OUT/versions.txt"
 import importlib
 import sys
@@ -52,7 +77,7 @@ try:
 except Exception as e:  # noqa: BLE001
     print("cuda: cannot ask torch:", e)
 PYEOF
-"$PY" scripts/gpu_check.py --budget-s "$BUDGET_S" --out "$OUT/gpu_check.json" --logs "$OUT/logs" 2>&1 \
+"$PY" scripts/gpu_check.py --require-cuda --budget-s "$BUDGET_S" --out "$OUT/gpu_check.json" --logs "$OUT/logs" 2>&1 \
   | tee "$OUT/gpu_check.log"
 rc=${PIPESTATUS[0]}
 echo "device-gpu-check: scripts/gpu_check.py exit $rc"

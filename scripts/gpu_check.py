@@ -47,21 +47,22 @@ if str(ROOT) not in sys.path:
 
 OUT = ROOT / "benchmarks" / "results" / "gpu_check.json"
 EXP = ROOT / "experiments" / "tiny.yaml"
-CHECKS = ("chain", "resume", "bench", "memory")
+CHECKS = ("chain", "memory", "resume", "bench")  # memory second: cheap, and what a cut-short call most needs
 TIMEOUT_S = {"chain": 360, "resume": 300, "bench": 300}
 MIN_LEFT_S = 45.0  # with --budget-s: a check is not started with less time than this left
-_DEADLINE: list[float] = []  # with --budget-s: time.monotonic() at which every check must have ended
+_DEADLINE: list[float] = []  # with --budget-s: the clock's reading (``_now``) by which every check must have ended
+_now = time.monotonic  # the budget's clock (a test replaces it here, not in the time module)
 
 
 def limit(check: str) -> float:
     """The time limit of one subprocess of ``check``: its own (``TIMEOUT_S``), cut to the budget left, if any."""
     if not _DEADLINE:
         return TIMEOUT_S[check]
-    return max(1.0, min(TIMEOUT_S[check], _DEADLINE[0] - time.monotonic()))
+    return max(1.0, min(TIMEOUT_S[check], _DEADLINE[0] - _now()))
 
 
 def time_left() -> float:
-    return _DEADLINE[0] - time.monotonic() if _DEADLINE else math.inf
+    return _DEADLINE[0] - _now() if _DEADLINE else math.inf
 
 TINY = ["data.vocab_size=1000", "data.seq_len=64", "data.val_blocks=8", "model.max_positions=66",
         "logging.wandb=disabled", "data.num_workers=0"]
@@ -138,13 +139,20 @@ def loss_distance(a: dict[int, float], b: dict[int, float]) -> float:
     return max((abs(a[s] - b[s]) for s in common), default=math.inf)
 
 
-def status_of(checks: dict[str, dict[str, Any]]) -> str:
-    """"ok", "failed: ..." where a check failed, else "incomplete: ..." where one was not run for want of time."""
-    bad = [name for name, c in checks.items() if c.get("status") not in ("ok", "skipped", "not run")]
-    missing = [name for name, c in checks.items() if c.get("status") == "not run"]
+UNFINISHED = ("not run", "cut short")  # for want of time (--budget-s): neither a pass nor a failure
+
+
+def status_of(checks: dict[str, dict[str, Any]], still: list[str] | tuple[str, ...] = ()) -> str:
+    """"ok"; "failed: ..." where a check failed; "incomplete: ..." where one was not run or cut short for want of
+    time, or is ``still`` to run (a result written between checks: what a run stopped from outside leaves)."""
+    bad = [name for name, c in checks.items() if c.get("status") not in ("ok", "skipped", *UNFINISHED)]
+    parts = [f"{label}: {', '.join(names)}" for label, names in (
+        ("not run", [n for n, c in checks.items() if c.get("status") == "not run"]),
+        ("cut short", [n for n, c in checks.items() if c.get("status") == "cut short"]),
+        ("still to run", list(still))) if names]
     if bad:
-        return f"failed: {', '.join(bad)}" + (f" (not run: {', '.join(missing)})" if missing else "")
-    return f"incomplete: not run: {', '.join(missing)}" if missing else "ok"
+        return f"failed: {', '.join(bad)}" + (f" ({'; '.join(parts)})" if parts else "")
+    return f"incomplete: {'; '.join(parts)}" if parts else "ok"
 
 
 def summary_table(result: dict[str, Any]) -> str:
@@ -168,11 +176,30 @@ def summary_table(result: dict[str, Any]) -> str:
 
 
 def minimodel(args: list[str], log: Path, timeout: float) -> subprocess.CompletedProcess:
-    """Run `minimodel ARGS --no-progress`, its output to ``log``."""
+    """Run `minimodel ARGS --no-progress`, its output to ``log``. At its time limit the whole process group is
+    killed (`minimodel run` starts each step as a process of its own: none may go on holding the GPU while the
+    next check runs), and ``subprocess.TimeoutExpired`` raised."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "minimodel.cli", *args, "--no-progress"]
     with open(log, "a") as f:
-        return subprocess.run([sys.executable, "-m", "minimodel.cli", *args, "--no-progress"], cwd=ROOT, env=env,
-                              stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = p.wait(timeout=timeout)
+        except BaseException:  # its time limit, or Ctrl-C (which no longer reaches a process in a session of its own)
+            kill_group(p)
+            raise
+    return subprocess.CompletedProcess(cmd, rc)
+
+
+def kill_group(p: subprocess.Popen) -> None:
+    """SIGKILL ``p`` and every process of its session (it was started with ``start_new_session``), then reap it."""
+    import signal
+
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
 
 
 def tail(log: Path, lines: int = 15) -> str:
@@ -281,16 +308,23 @@ def kill_mid_way(args: list[str], run_dir: Path, log: Path, after: int, every: i
     ckpts = run_dir / "checkpoints"
     with open(log, "a") as f:
         p = subprocess.Popen([sys.executable, "-m", "minimodel.cli", *args, "--no-progress"], cwd=ROOT, env=env,
-                             stdout=f, stderr=subprocess.STDOUT)
+                             stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         start = time.monotonic()
         first, second = ckpts / f"step{after - every:07d}.ckpt", ckpts / f"step{after:07d}.ckpt"
-        while p.poll() is None and not second.is_file() and time.monotonic() - start < timeout:
-            time.sleep(0.005)
-        if p.poll() is None and second.is_file():
-            per_update = max(0.0, (second.stat().st_mtime - first.stat().st_mtime) / every) if first.is_file() else 0.0
-            time.sleep(per_update * every / 2)
-            p.kill()  # SIGKILL: no handler, no checkpoint
-        p.wait()
+        try:
+            while p.poll() is None and not second.is_file() and time.monotonic() - start < timeout:
+                time.sleep(0.005)
+            if p.poll() is None and not second.is_file():  # its time is up before the checkpoint: no run to judge
+                raise subprocess.TimeoutExpired(p.args, timeout)
+            if p.poll() is None and second.is_file():
+                per_update = (max(0.0, (second.stat().st_mtime - first.stat().st_mtime) / every)
+                              if first.is_file() else 0.0)
+                time.sleep(per_update * every / 2)
+                p.kill()  # SIGKILL: no handler, no checkpoint
+            p.wait()
+        except BaseException:
+            kill_group(p)
+            raise
     if p.returncode != -9:
         raise RuntimeError(f"the run to kill ended by itself (exit {p.returncode}) before it could be killed")
     return int(load_checkpoint(ckpts / "last.ckpt")["global_step"])
@@ -411,7 +445,10 @@ def run_check(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     try:
         out = fn()
     except subprocess.TimeoutExpired as e:
-        out = {"status": "failed", "summary": f"timed out after {e.timeout:.0f} s"}
+        if e.timeout < TIMEOUT_S.get(name, math.inf) - 0.5:  # the budget's limit, not the check's own: no verdict
+            out = {"status": "cut short", "summary": f"stopped after {e.timeout:.0f} s: the --budget-s ran out"}
+        else:
+            out = {"status": "failed", "summary": f"timed out after {e.timeout:.0f} s"}
     except Exception as e:  # a check that cannot finish is a failed check; the others still run
         out = {"status": "failed", "summary": f"{type(e).__name__}: {e}"}
     out.setdefault("wall_s", round(time.perf_counter() - t0, 1))
@@ -443,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
                         "to what is left, a check is not started with less than "
                         f"{MIN_LEFT_S:.0f} s left, and the JSON is written after every check")
     p.add_argument("--logs", type=Path, default=None, help="a folder to keep each check's log in (<check>.log)")
+    p.add_argument("--require-cuda", action="store_true",
+                   help="where torch finds no CUDA device, say why and exit 2 (a lent GPU machine: no GPU there is "
+                        "a failure, not a skip)")
     args = p.parse_args(argv)
     only = [c.strip() for c in args.only.split(",") if c.strip()]
     unknown = [c for c in only if c not in CHECKS]
@@ -453,13 +493,24 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.device == "cuda":
         reason = no_cuda_reason()
+        if reason and args.require_cuda:
+            print(f"gpu-check: no CUDA device: {reason}. Nothing was checked and nothing written.", file=sys.stderr)
+            return 2
         if reason:
             print(f"gpu-check: skipped: {reason}. Nothing was checked and nothing written; run `make gpu-check` on a "
                   f"machine with a CUDA GPU (after `make setup` with a CUDA build of torch).")
             return 0
     out_path = args.out or (OUT if args.device == "cuda" else None)
-    _DEADLINE[:] = [] if args.budget_s is None else [time.monotonic() + args.budget_s]
+    _DEADLINE[:] = [] if args.budget_s is None else [_now() + args.budget_s]
+    try:
+        return run_checks(args, only, out_path)
+    finally:
+        _DEADLINE[:] = []
 
+
+def run_checks(args: argparse.Namespace, only: list[str], out_path: Path | None) -> int:
+    """The checks of ``only`` in ``CHECKS``' order; the JSON written at the end (with a budget: also before the first
+    and after each, each check's log copied to ``--logs``)."""
     import torch
 
     t0 = time.perf_counter()
@@ -467,8 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "device": device, "torch": torch.__version__, "cuda": torch.version.cuda, "precision": precision(args.device),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "budget_s": args.budget_s, "wall_s": 0.0,
-        "status": "incomplete: nothing checked yet", "checks": {}}
+        "status": status_of({}, [c for c in CHECKS if c in only]), "checks": {}}
     checks: dict[str, dict[str, Any]] = result["checks"]
+    if out_path is not None and args.budget_s is not None:  # a call stopped during the first check still says so
+        write_result(out_path, result)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp_name:
         tmp = Path(tmp_name)
         fns: dict[str, Callable[[], dict[str, Any]]] = {
@@ -489,10 +542,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.logs is not None and name in LOGS and (tmp / LOGS[name]).is_file():
                 args.logs.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(tmp / LOGS[name], args.logs / f"{name}.log")
-            left = CHECKS[CHECKS.index(name) + 1:]  # what a run stopped from outside now would leave unchecked
-            last = not left
-            result.update(wall_s=round(time.perf_counter() - t0, 1),
-                          status=status_of(checks) if last else f"incomplete: {', '.join(left)} still to run")
+            left = [c for c in CHECKS[CHECKS.index(name) + 1:] if c in only]  # what a stop now would leave unchecked
+            last = name == CHECKS[-1]
+            result.update(wall_s=round(time.perf_counter() - t0, 1), status=status_of(checks, left))
             if out_path is not None and (last or args.budget_s is not None):
                 write_result(out_path, result)
     print("\n" + summary_table(result))

@@ -9,7 +9,9 @@ import math
 import os
 import subprocess
 import sys
+import time
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,17 +98,52 @@ def test_summary_table_of_a_result():
 
 
 def test_a_check_left_without_time_is_not_run_and_said_so():
-    assert gpu_check.status_of({"chain": {"status": "ok"}, "resume": {"status": "not run"}}) == \
-        "incomplete: not run: resume"
-    assert gpu_check.status_of({"chain": {"status": "failed"}, "bench": {"status": "not run"}}) == \
-        "failed: chain (not run: bench)"
+    status = gpu_check.status_of
+    assert status({"chain": {"status": "ok"}, "resume": {"status": "not run"}}) == "incomplete: not run: resume"
+    assert status({"chain": {"status": "failed"}, "bench": {"status": "not run"}}) == "failed: chain (not run: bench)"
+    assert status({"chain": {"status": "cut short"}, "memory": {"status": "ok"}}, ["bench"]) == \
+        "incomplete: cut short: chain; still to run: bench"
+    assert status({"chain": {"status": "failed"}}, ["memory", "resume"]) == \
+        "failed: chain (still to run: memory, resume)"  # a failure known before a stop from outside is not hidden
+    assert status({}, ["chain"]) == "incomplete: still to run: chain"
+
+
+def test_a_check_stopped_by_the_budget_is_cut_short_not_failed():
+    def stopped_at(seconds):
+        def fn():
+            raise subprocess.TimeoutExpired(["minimodel"], seconds)
+        return fn
+
+    cut = gpu_check.run_check("chain", stopped_at(30.0))
+    assert cut["status"] == "cut short" and "the --budget-s ran out" in cut["summary"]
+    own = gpu_check.run_check("chain", stopped_at(float(gpu_check.TIMEOUT_S["chain"])))  # its own limit: a failure
+    assert own["status"] == "failed" and own["summary"] == f"timed out after {gpu_check.TIMEOUT_S['chain']} s"
+
+
+def test_a_stopped_subprocess_takes_its_children_with_it(tmp_path):
+    """`minimodel run` starts each step as a process of its own: at a time limit none may go on holding the GPU."""
+    p = subprocess.Popen(["bash", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    child = int(p.stdout.readline())
+    gpu_check.kill_group(p)
+    assert p.returncode == -9
+    for _ in range(200):  # gone, or a zombie waiting for init to reap it: not running either way
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().split(")")[-1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError(f"the child {child} still runs (state {state})")
 
 
 def test_subprocess_limits_are_cut_to_the_budget_left(monkeypatch):
     monkeypatch.setattr(gpu_check, "_DEADLINE", [])
     assert gpu_check.limit("chain") == gpu_check.TIMEOUT_S["chain"] and gpu_check.time_left() == math.inf
     now = 1000.0
-    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: now)
+    monkeypatch.setattr(gpu_check, "_now", lambda: now)
     monkeypatch.setattr(gpu_check, "_DEADLINE", [now + 100.0])
     assert gpu_check.limit("chain") == 100.0 and gpu_check.limit("bench") == 100.0
     monkeypatch.setattr(gpu_check, "_DEADLINE", [now + 1000.0])
@@ -119,38 +156,42 @@ def test_with_a_budget_the_json_and_logs_are_written_after_every_check(tmp_path,
     """A lent machine's call can be stopped from outside at its limit: what was measured before must be on disk."""
     out, logs = tmp_path / "out" / "gpu_check.json", tmp_path / "out" / "logs"
     seen = {}
+    now = [0.0]
 
-    def chain(tmp, device):
+    def chain(tmp, device):  # the JSON is there before the first check ends
+        seen["before"] = json.loads(out.read_text())
         tmp.mkdir(parents=True)
         (tmp / "chain.log").write_text("the chain's log\n")
-        return {"status": "ok", "summary": "7/7 steps exit 0"}
+        return {"status": "failed", "summary": "pretrain exit 1"}
 
-    def resume(tmp, device):  # the moment a stop from outside would come: the chain's result is already written
+    def memory(device):  # the moment a stop from outside would come: the chain's result is already written
         seen["json"] = json.loads(out.read_text())
         seen["log"] = (logs / "chain.log").read_text()
         now[0] = 100.0  # it takes 100 s of the 120: 20 left, under MIN_LEFT_S
-        return {"status": "failed", "summary": "resumed run exit 1"}
+        return {"status": "ok", "summary": "6 stages"}
 
-    def memory(device):  # the budget is spent by now
-        raise AssertionError("memory must not start with no time left")
+    def resume(tmp, device):
+        raise AssertionError("resume must not start with no time left")
 
-    now = [0.0]
-    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(gpu_check, "_now", lambda: now[0])
     monkeypatch.setattr(gpu_check, "check_chain", chain)
-    monkeypatch.setattr(gpu_check, "check_resume", resume)
     monkeypatch.setattr(gpu_check, "check_memory", memory)
-    rc = gpu_check.main(["--device", "cpu", "--only", "chain,resume,memory", "--budget-s", "120", "--out", str(out),
+    monkeypatch.setattr(gpu_check, "check_resume", resume)
+    rc = gpu_check.main(["--device", "cpu", "--only", "chain,memory,resume", "--budget-s", "120", "--out", str(out),
                          "--logs", str(logs)])
-    assert seen["json"]["status"] == "incomplete: resume, bench, memory still to run"
-    assert seen["json"]["checks"] == {"chain": {"status": "ok", "summary": "7/7 steps exit 0",
-                                                "wall_s": seen["json"]["checks"]["chain"]["wall_s"]}}
+    assert gpu_check._DEADLINE == []  # the budget ends with the run
+    assert seen["before"]["status"] == "incomplete: still to run: chain, memory, resume"
+    assert seen["before"]["checks"] == {}
+    assert seen["json"]["status"] == "failed: chain (still to run: memory, resume)"  # bench: not asked for
+    assert list(seen["json"]["checks"]) == ["chain"] and seen["json"]["checks"]["chain"]["status"] == "failed"
     assert seen["log"] == "the chain's log\n"
     final = json.loads(out.read_text())
     assert rc == 1 and final["budget_s"] == 120
     assert final["checks"]["bench"] == {"status": "skipped", "summary": "--only"}
-    assert final["checks"]["memory"]["status"] == "not run" and "of the --budget-s 120 left" in \
-        final["checks"]["memory"]["summary"] and final["checks"]["memory"]["summary"].startswith("20 s")
-    assert final["status"] == "failed: resume (not run: memory)"
+    assert final["checks"]["memory"]["status"] == "ok"
+    summary = final["checks"]["resume"]["summary"]
+    assert final["checks"]["resume"]["status"] == "not run" and summary.startswith("20 s of the --budget-s 120 left")
+    assert final["status"] == "failed: chain (not run: resume)"
     assert not list(out.parent.glob("*.part"))
 
 
@@ -162,9 +203,9 @@ def test_a_budget_of_nothing_is_refused():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: gpu-check would run for real")
 def test_the_device_script_installs_the_carried_wheels_and_runs_from_the_tree(tmp_path):
-    """scripts/device_gpu_check.sh as a lent machine runs it (here its no-CUDA side): the wheels it is given are
+    """scripts/device_gpu_check.sh as a lent machine runs it, here on its no-CUDA side: the wheels it is given are
     installed into its site folder and put on the path, the versions it runs with are recorded in $OUT, minimodel is
-    imported from this checkout, and gpu_check.py's verdict is its exit code."""
+    imported from this checkout, and no CUDA device is a failure there (exit 2), not gpu-check's skip."""
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     with zipfile.ZipFile(wheels / "carriedmod-1.0-py3-none-any.whl", "w") as z:  # a wheel by hand: what pip reads
@@ -174,19 +215,28 @@ def test_the_device_script_installs_the_carried_wheels_and_runs_from_the_tree(tm
                                                      "Tag: py3-none-any\n")
         z.writestr("carriedmod-1.0.dist-info/RECORD", "")
     out, site = tmp_path / "out", tmp_path / "site"
+    script = ["bash", str(ROOT / "scripts" / "device_gpu_check.sh")]
     env = {**os.environ, "PYTHON": sys.executable, "WHEELS": str(wheels), "SITE": str(site), "OUT": str(out)}
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "device_gpu_check.sh")], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
+    p = subprocess.run(script, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stdout + p.stderr
     assert (site / "carriedmod.py").read_text() == "VALUE = 42\n"
     versions = (out / "versions.txt").read_text()
     assert f"minimodel.cli ok {ROOT / 'minimodel' / 'cli.py'}" in versions and "MISSING" not in versions
-    assert (out / "nvidia-smi.txt").is_file()
-    assert "gpu-check: skipped: torch" in (out / "gpu_check.log").read_text()
-    assert "scripts/gpu_check.py exit 0" in p.stdout and not (out / "gpu_check.json").exists()
+    assert (out / "nvidia-smi.txt").is_file() and not (out / "import.txt").exists()
+    assert "gpu-check: no CUDA device: torch" in (out / "gpu_check.log").read_text()
+    assert "scripts/gpu_check.py exit 2" in p.stdout and not (out / "gpu_check.json").exists()
+
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "broken-1.0-py3-none-any.whl").write_bytes(b"not a zip")
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "device_gpu_check.sh")], cwd=tmp_path,
-                       env={**env, "WHEELS": str(bad)}, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(script, cwd=tmp_path, env={**env, "WHEELS": str(bad)}, capture_output=True, text=True,
+                       timeout=300)
     assert p.returncode == 3 and f"the wheels in {bad} did not install" in p.stderr
+
+    blocked = tmp_path / "blocked"  # a machine without omegaconf, and no wheel carried for it
+    blocked.mkdir()
+    (blocked / "omegaconf.py").write_text("raise ImportError('omegaconf: not on this machine')\n")
+    p = subprocess.run(script, cwd=tmp_path, env={**env, "WHEELS": str(tmp_path / "none"), "PYTHONPATH": str(blocked)},
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 4, p.stdout + p.stderr
+    assert "no wheels in" in p.stderr and "minimodel cannot be imported" in p.stderr and "omegaconf" in p.stderr
