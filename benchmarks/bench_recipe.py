@@ -9,6 +9,7 @@
     .venv/bin/python benchmarks/bench_recipe.py init --langs fr,ru --inits mean,overlap,random   # step 2's step 0
     .venv/bin/python benchmarks/bench_recipe.py embeddings --langs fr,ru [--adapt-updates 500]
     .venv/bin/python benchmarks/bench_recipe.py summary              # issue 52's targets, from the JSON alone
+    .venv/bin/python benchmarks/bench_recipe.py table --langs fr,ru  # part (b)'s grid as markdown, from the JSON
 
 Each part adds its figures under its own key of ``--json`` (default benchmarks/results/recipe-vm.json), keeping the
 other parts' (each run is kept as it finishes, so a stopped benchmark loses only the run in progress). Needs the
@@ -567,6 +568,51 @@ def part_summary(args: argparse.Namespace) -> None:
               f"{ {True: 'met', False: 'missed', None: 'undecided'}[r['compute_met']] }")
 
 
+GRID_INITS = ("mean", "focus", "overlap", "random")  # part (b)'s starts, in the order the docs show them
+
+
+def step2_table(figures: dict[str, Any], lang: str, bridge_tag: str = "@lr2e-3",
+                steps: tuple[int, ...] = (0, 100, 250, 500)) -> list[str]:
+    """Part (b)'s grid for one language as a markdown table, from the JSON alone: every start and vocabulary, over
+    the mini-model (MiniPost over the bridge ``bridge_tag`` names) and the full model (BL_BASE), loss per character
+    at ``steps`` (mean +- std where a setting has several seeds) and the FLOPs of the last; a setting the JSON lacks
+    says "not measured". Under extension the random start is the overlap start (every source piece kept, the new
+    ones random under both), so it has no row of its own."""
+    curves = targets(figures)["curves"]
+    rows = figures.get("embeddings", {}).get(lang, {})
+    own = rows.get("smollm2_own_tokenizer", {}).get("nats_per_char")
+    out = [f"| {lang}: start, vocabulary | system | " + " | ".join(str(s) for s in steps) + " | FLOPs |",
+           "|---|---|" + "---:|" * (len(steps) + 1)]
+    for vocabulary in ("replace", "extend"):
+        for init in GRID_INITS:
+            if vocabulary == "extend" and init == "random":
+                continue
+            for system, suffix, label in (("minipost", bridge_tag, "MiniPost"), ("bl_base", "", "BL_BASE")):
+                key = f"{system}/{'' if vocabulary == 'replace' else vocabulary + '/'}{init}{suffix}"
+                curve = curves.get(f"{lang}/{key}")
+                if not curve:
+                    out.append(f"| {init}, {vocabulary} | {label} | not measured |" + " |" * len(steps))
+                    continue
+                cells = []
+                for step in steps:
+                    c = curve.get(str(step))
+                    cells.append("-" if c is None else f"{c['mean']:.3f}" + (
+                        f" ± {c['std']:.3f}" if c["n"] > 1 else ""))
+                last = curve.get(str(steps[-1]))
+                out.append(f"| {init}, {vocabulary} | {label} | " + " | ".join(cells)
+                           + f" | {'-' if last is None else format(last['flops'], '.1e')} |")
+    if own is not None:
+        out.append(f"| SmolLM2's own tokenizer | | {own:.3f} |" + " |" * len(steps))
+    return out
+
+
+def part_table(args: argparse.Namespace) -> None:
+    """Part (b)'s grid per language, as the markdown tables docs/extensions.md shows (from the JSON alone)."""
+    figures = json.loads(args.json.read_text())
+    for lang in args.langs:
+        print("\n".join(step2_table(figures, lang)) + "\n")
+
+
 def _reached(s: dict[str, Any]) -> str:
     """One seed's reading of the compute target, said plainly."""
     pair = "" if s["seed"] == s["bl_base_seed"] else f" (against BL_BASE seed {s['bl_base_seed']})"
@@ -580,7 +626,7 @@ def _reached(s: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("part", choices=("layers", "step0", "bridge", "independent", "alignment", "init", "embeddings",
-                                    "summary"))
+                                    "summary", "table"))
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     p.add_argument("--redo", action="store_true", help="measure bridge and embeddings rows the JSON already holds "
                                                         "as finished (default: skip them)")
@@ -622,6 +668,8 @@ def main(argv: list[str] | None = None) -> int:
         part_init(args)
     elif args.part == "summary":
         part_summary(args)
+    elif args.part == "table":
+        part_table(args)
     else:
         part_embeddings(args)
     print(f"figures in {args.json}")

@@ -124,3 +124,25 @@ def test_the_summary_says_what_it_cannot_read_instead_of_failing(bench, tmp_path
     assert "target 1 unknown" in out and "compute undecided" in out
     assert "not reached by 5e+02 FLOPs (BL_BASE: 8.2e+02)" in out
     assert json.loads(path.read_text())["machine"] == {"cpu": "the measuring VM"}
+
+
+def test_the_step_2_grid_as_a_markdown_table(bench):
+    """Every start and vocabulary in the docs' order, seeds folded into mean +- std, what is missing said."""
+    figures = {"embeddings": {"fr": {
+        "smollm2_own_tokenizer": {"nats_per_char": 1.0774},
+        "minipost/mean@lr2e-3": step2("minipost", [1.4, 1.2, 1.1, 1.06], 2.4e11),
+        "minipost/mean@lr2e-3#s2": step2("minipost", [1.4, 1.0, 0.9, 1.04], 2.4e11, seed=2),
+        "bl_base/mean": step2("bl_base", [1.4, 0.9, 0.8, 0.74], 4.8e11),
+        "bl_base/extend/overlap": step2("bl_base", [2.3, 1.5, 1.2, 1.0], 6.6e11),
+        "bl_base/random": step2("bl_base", [2.0, 1.5, 1.4, 1.3], 4.8e11, outcome="interrupted"),
+    }}}
+    table = bench.step2_table(figures, "fr")
+    assert table[0] == "| fr: start, vocabulary | system | 0 | 100 | 250 | 500 | FLOPs |"
+    assert len(table) == 2 + 2 * (4 + 3) + 1  # extend has no random row: it is the overlap start there
+    assert all(line.count("|") == 8 for line in table)
+    assert table[2] == "| mean, replace | MiniPost | 1.400 ± 0.000 | 1.100 ± 0.141 | 1.000 ± 0.141 | 1.050 ± 0.014 | 1.2e+14 |"
+    assert table[3] == "| mean, replace | BL_BASE | 1.400 | 0.900 | 0.800 | 0.740 | 2.4e+14 |"
+    assert table[4] == "| focus, replace | MiniPost | not measured | | | | |"
+    assert "| random, replace | BL_BASE | not measured |" in table[9]  # a stopped run is not a row
+    assert table[-2] == "| overlap, extend | BL_BASE | 2.300 | 1.500 | 1.200 | 1.000 | 3.3e+14 |"
+    assert table[-1] == "| SmolLM2's own tokenizer | | 1.077 | | | | |"
