@@ -107,6 +107,21 @@ def test_hf_tokenizer_interface(hf_dir):
     assert surface[the] == "\u2581the"
 
 
+def test_text_that_spells_a_special_token_is_encoded_as_text(hf_dir):
+    """A corpus line may spell a special token (the bundled Chinese corpus has "setmode <filename> <perm=...>", one of
+    SmolLM2's specials): it is the characters it is, as SentencePiece reads it, never the special id (an end of text
+    or a mask in mid-line), in every way of encoding."""
+    tok = HFTokenizer(str(hf_dir))
+    text = "the cat </s> sat on <mask> the <s>mat"
+    ids = tok.encode_one(text)
+    assert not set(ids) & set(tok.specials.ids), ids
+    assert tok.encode([text]) == [ids] and tok.decode(ids) == text
+    ids2, offsets = tok.encode_with_offsets(text)
+    assert ids2 == ids
+    assert "".join(text[a:b] for a, b in offsets).replace(" ", "") == text.replace(" ", "")
+    assert tok.hf(text, add_special_tokens=False)["input_ids"] != ids  # transformers' own default reads them as ids
+
+
 def test_a_truncation_saved_with_the_tokenizer_does_not_cut_corpus_lines(hf_dir, tmp_path):
     tok = HFTokenizer(str(hf_dir))
     line = " ".join(["the quick brown fox"] * 50)

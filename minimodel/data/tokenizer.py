@@ -236,6 +236,9 @@ class HFTokenizer:
         self._backend = RustTokenizer.from_str(serialised)
         self._backend.no_truncation()
         self._backend.no_padding()
+        # text is text: a corpus line that spells a special token ("<|endoftext|>", "<filename>", "</s>") is encoded
+        # as the characters it is, as SentencePiece does, not as the special id (an end of text in mid-document)
+        self._backend.encode_special_tokens = True
         self._encode_batch = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
         spec = {k: v for k, v in json.loads(serialised).items() if k not in ("truncation", "padding")}
         self.sha256 = hashlib.sha256(json.dumps(spec, sort_keys=True).encode("utf-8")).hexdigest()
@@ -253,9 +256,9 @@ class HFTokenizer:
         return self._backend.encode(text, add_special_tokens=False).ids
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
-        offsets = [(_skip_space(text, s, e), e) for s, e in enc["offset_mapping"]]
-        return list(enc["input_ids"]), offsets
+        enc = self._backend.encode(text, add_special_tokens=False)  # character offsets, as the wrapper gives them
+        offsets = [(_skip_space(text, s, e), e) for s, e in enc.offsets]
+        return list(enc.ids), offsets
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.hf.decode([int(i) for i in ids])
