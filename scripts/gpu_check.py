@@ -179,13 +179,18 @@ def minimodel(args: list[str], log: Path, timeout: float) -> subprocess.Complete
     """Run `minimodel ARGS --no-progress`, its output to ``log``. At its time limit the whole process group is
     killed (`minimodel run` starts each step as a process of its own: none may go on holding the GPU while the
     next check runs), and ``subprocess.TimeoutExpired`` raised."""
+    return run_limited([sys.executable, "-m", "minimodel.cli", *args, "--no-progress"], log, timeout)
+
+
+def run_limited(cmd: list[str], log: Path, timeout: float, mode: str = "a") -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a session of its own, its output to ``log``; at ``timeout`` (or Ctrl-C, which no longer reaches
+    it) kill it with every process it started (``kill_group``) and raise ``subprocess.TimeoutExpired``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "-m", "minimodel.cli", *args, "--no-progress"]
-    with open(log, "a") as f:
+    with open(log, mode) as f:
         p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = p.wait(timeout=timeout)
-        except BaseException:  # its time limit, or Ctrl-C (which no longer reaches a process in a session of its own)
+        except BaseException:
             kill_group(p)
             raise
     return subprocess.CompletedProcess(cmd, rc)
@@ -378,10 +383,8 @@ def check_bench(tmp: Path, device: str) -> dict[str, Any]:
     out = tmp / "run_all.json"
     log = tmp / "bench.log"
     t0 = time.perf_counter()
-    with open(log, "w") as f:
-        rc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--device", device, "--quick",
-                             "--out", str(out)], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                            timeout=limit("bench")).returncode
+    rc = run_limited([sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--device", device, "--quick",
+                      "--out", str(out)], log, limit("bench"), mode="w").returncode
     wall = round(time.perf_counter() - t0, 1)
     if rc or not out.is_file():
         return {"status": "failed", "summary": f"run_all.py exit {rc}", "log_tail": tail(log), "wall_s": wall}

@@ -121,12 +121,15 @@ def test_a_check_stopped_by_the_budget_is_cut_short_not_failed():
 
 
 def test_a_stopped_subprocess_takes_its_children_with_it(tmp_path):
-    """`minimodel run` starts each step as a process of its own: at a time limit none may go on holding the GPU."""
-    p = subprocess.Popen(["bash", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    child = int(p.stdout.readline())
-    gpu_check.kill_group(p)
-    assert p.returncode == -9
+    """`minimodel run` starts each step as a process of its own, run_all.py each benchmark: at a time limit none may
+    go on holding the GPU while the next check runs."""
+    pid_file, log = tmp_path / "child.pid", tmp_path / "run.log"
+    cmd = ["bash", "-c", f"sleep 60 & echo $! > {pid_file}; echo started; wait"]
+    t0 = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        gpu_check.run_limited(cmd, log, timeout=2.0)
+    assert time.monotonic() - t0 < 30 and log.read_text() == "started\n"
+    child = int(pid_file.read_text())
     for _ in range(200):  # gone, or a zombie waiting for init to reap it: not running either way
         try:
             state = Path(f"/proc/{child}/stat").read_text().split(")")[-1].split()[0]
@@ -137,6 +140,7 @@ def test_a_stopped_subprocess_takes_its_children_with_it(tmp_path):
         time.sleep(0.01)
     else:
         raise AssertionError(f"the child {child} still runs (state {state})")
+    assert gpu_check.run_limited(["bash", "-c", "exit 3"], log, timeout=30).returncode == 3
 
 
 def test_subprocess_limits_are_cut_to_the_budget_left(monkeypatch):
