@@ -101,6 +101,12 @@ def _suffix(args: argparse.Namespace, sep: str) -> str:
     return f"{sep}{args.tag}" if args.tag else ""
 
 
+def _variant(vocabulary: str) -> str:
+    """A step-2 row key's vocabulary part: replace keeps the keys (and adaptation runs) of the first rows, extend
+    gets its own."""
+    return "" if vocabulary == "replace" else f"{vocabulary}/"
+
+
 def _finished(args: argparse.Namespace, part: str, lang: str | None, key: str, updates: int | None = None) -> bool:
     """Whether the JSON already holds a finished row of ``key`` (for as many updates, where a row has them): a grid
     rerun then costs only what is missing, not a re-evaluation of every finished run (``--redo`` measures it again).
@@ -366,8 +372,7 @@ def part_embeddings(args: argparse.Namespace) -> None:
         print(f"{lang}: SmolLM2 with its own tokenizer {entry['smollm2_own_tokenizer']['nats_per_char']:.4f} "
               f"nats/char", flush=True)
         for vocabulary in args.vocabularies:
-            # replace keeps the keys (and adaptation runs) of the first rows; extend gets its own
-            variant = "" if vocabulary == "replace" else f"{vocabulary}/"
+            variant = _variant(vocabulary)
             for system in args.systems:
                 for init in args.inits:
                     over = f"[{args.bridge_recipe}]" if system == "minipost" and args.bridge_recipe != BRIDGE else ""
@@ -588,7 +593,7 @@ def step2_table(figures: dict[str, Any], lang: str, bridge_tag: str = "@lr2e-3",
             if vocabulary == "extend" and init == "random":
                 continue
             for system, suffix, label in (("minipost", bridge_tag, "MiniPost"), ("bl_base", "", "BL_BASE")):
-                key = f"{system}/{'' if vocabulary == 'replace' else vocabulary + '/'}{init}{suffix}"
+                key = f"{system}/{_variant(vocabulary)}{init}{suffix}"
                 curve = curves.get(f"{lang}/{key}")
                 if not curve:
                     out.append(f"| {init}, {vocabulary} | {label} | not measured |" + " |" * len(steps))

@@ -185,15 +185,20 @@ def minimodel(args: list[str], log: Path, timeout: float) -> subprocess.Complete
 def run_limited(cmd: list[str], log: Path, timeout: float, mode: str = "a") -> subprocess.CompletedProcess:
     """Run ``cmd`` in a session of its own, its output to ``log``; at ``timeout`` (or Ctrl-C, which no longer reaches
     it) kill it with every process it started (``kill_group``) and raise ``subprocess.TimeoutExpired``."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
     with open(log, mode) as f:
-        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        p = start_session(cmd, f)
         try:
             rc = p.wait(timeout=timeout)
         except BaseException:
             kill_group(p)
             raise
     return subprocess.CompletedProcess(cmd, rc)
+
+
+def start_session(cmd: list[str], log: Any) -> subprocess.Popen:
+    """``cmd`` started in a session of its own (``kill_group`` stops it with its children), output to ``log``."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def kill_group(p: subprocess.Popen) -> None:
@@ -309,11 +314,9 @@ def kill_mid_way(args: list[str], run_dir: Path, log: Path, after: int, every: i
     the update rate between the checkpoints before), and return the update of the checkpoint it left."""
     from minimodel.store.checkpoints import load_checkpoint
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
     ckpts = run_dir / "checkpoints"
     with open(log, "a") as f:
-        p = subprocess.Popen([sys.executable, "-m", "minimodel.cli", *args, "--no-progress"], cwd=ROOT, env=env,
-                             stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        p = start_session([sys.executable, "-m", "minimodel.cli", *args, "--no-progress"], f)
         start = time.monotonic()
         first, second = ckpts / f"step{after - every:07d}.ckpt", ckpts / f"step{after:07d}.ckpt"
         try:
