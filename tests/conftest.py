@@ -5,7 +5,8 @@ from __future__ import annotations
 import lzma
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,18 @@ def _sigint_as_it_was():
     yield
     if signal.getsignal(signal.SIGINT) is not before:
         signal.signal(signal.SIGINT, before)
+
+
+@contextmanager
+def module_scratch(request: pytest.FixtureRequest, factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """A module fixture's temporary directory, removed when the fixture ends if no test failed meanwhile (kept to be
+    looked at otherwise). pytest keeps a module's directories until the session ends; the SmolLM2 chains write GBs
+    each (checkpoints of a 135M model), more than a CI machine's disk may hold beside the rest of the suite."""
+    failed = request.session.testsfailed
+    d = factory.mktemp(name)
+    yield d
+    if request.session.testsfailed == failed:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def real_text(lang: str, max_bytes: int) -> str:

@@ -20,6 +20,7 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from minimodel.data.tokenizer import HFTokenizer  # noqa: E402
 from minimodel.models.decoder import DecoderLM  # noqa: E402
 from minimodel.models.hf_decoder import from_hf  # noqa: E402
 from minimodel.stages.bridge import load_primary  # noqa: E402
-from tests.conftest import DEMO_CORPUS, ROOT, small_task, stage_overrides  # noqa: E402
+from tests.conftest import DEMO_CORPUS, ROOT, module_scratch, small_task, stage_overrides  # noqa: E402
 
 pytestmark = pytest.mark.slow
 EXPERIMENT = str(ROOT / "experiments" / "study_real.yaml")
@@ -186,7 +187,7 @@ class Chain:
 
 
 @pytest.fixture(scope="module")
-def chain(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Chain:
+def chain(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Iterator[Chain]:
     """``minimodel run experiments/study_real_gpu.yaml`` (both systems of its sweep), the GPU variant rehearsed on the
     CPU (issue 42, part 4): as written, so bf16-mixed training, 4 data loader workers, early checkpoints
     (``ckpt_steps``), dev-set evaluation of the plateau checkpoints and ``evaluate.precision: auto`` as on an H100,
@@ -194,19 +195,19 @@ def chain(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Chain:
     (checkpoints at 0, 1, 2, 4), a 1,000-piece vocabulary, 16 finetuning examples, one seed. ``bridge.source`` is the
     fixture's absolute path (the experiment's is relative to the working directory); ``data.encode_threads=1``
     encodes English in this process (a worker process would load the GGUF tokenizer again, ~7 s each)."""
-    tmp = tmp_path_factory.mktemp("smollm2-chain")
-    args = [f"runs_dir={tmp / 'runs'}", f"data.prepared_dir={tmp / 'prepared'}", f"data.corpus_dir={DEMO_CORPUS}",
-            f"bridge.source={smollm2}", "target_langs=[fr]", "data.seq_len=32", "data.vocab_size=1000",
-            "data.val_blocks=8", "data.encode_threads=1",
-            *(f"{s}.trainer.accelerator=cpu" for s in ("bridge", "adapt", "finetune")),
-            *stage_overrides(["bridge", "adapt"], global_batch=4, micro_batch=4, warmup_updates=1, log_every=1),
-            *stage_overrides(["bridge"], updates=2, ckpt_every=2, val_every=2),
-            *stage_overrides(["adapt"], updates=4, ckpt_every=4, val_every=4, ckpt_steps=[1, 2]),
-            f"tasks.wiki_topics.source={small_task(WIKI_TOPICS, tmp / 'wiki_topics', 20)}",
-            "tasks.wiki_topics.max_train_examples=16", "tasks.wiki_topics.max_len=32",
-            "finetune.seeds=[1]", "finetune.batch_size=8", "finetune.micro_batch=8"]
-    assert main(["run", GPU_EXPERIMENT, *args, "--no-progress"]) == 0
-    return Chain(tmp, args)
+    with module_scratch(request, tmp_path_factory, "smollm2-chain") as tmp:
+        args = [f"runs_dir={tmp / 'runs'}", f"data.prepared_dir={tmp / 'prepared'}", f"data.corpus_dir={DEMO_CORPUS}",
+                f"bridge.source={smollm2}", "target_langs=[fr]", "data.seq_len=32", "data.vocab_size=1000",
+                "data.val_blocks=8", "data.encode_threads=1",
+                *(f"{s}.trainer.accelerator=cpu" for s in ("bridge", "adapt", "finetune")),
+                *stage_overrides(["bridge", "adapt"], global_batch=4, micro_batch=4, warmup_updates=1, log_every=1),
+                *stage_overrides(["bridge"], updates=2, ckpt_every=2, val_every=2),
+                *stage_overrides(["adapt"], updates=4, ckpt_every=4, val_every=4, ckpt_steps=[1, 2]),
+                f"tasks.wiki_topics.source={small_task(WIKI_TOPICS, tmp / 'wiki_topics', 20)}",
+                "tasks.wiki_topics.max_train_examples=16", "tasks.wiki_topics.max_len=32",
+                "finetune.seeds=[1]", "finetune.batch_size=8", "finetune.micro_batch=8"]
+        assert main(["run", GPU_EXPERIMENT, *args, "--no-progress"]) == 0
+        yield Chain(tmp, args)
 
 
 def test_both_systems_adapt_finetune_and_evaluate(chain):

@@ -12,6 +12,7 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from minimodel.experiment import load_experiment  # noqa: E402
 from minimodel.store.checkpoints import load_adaptation  # noqa: E402
 from minimodel.store.layout import adaptation_checkpoints  # noqa: E402
 from minimodel.systems import stage_plan  # noqa: E402
-from tests.conftest import DEMO_CORPUS, ROOT, small_task, stage_overrides  # noqa: E402
+from tests.conftest import DEMO_CORPUS, ROOT, module_scratch, small_task, stage_overrides  # noqa: E402
 from tests.test_smollm2 import smollm2  # noqa: E402,F401  (the fixture: the GGUF, fetched once)
 
 pytestmark = pytest.mark.slow
@@ -34,25 +35,26 @@ PAIR = "report.systems={bl_base@extend-mean: bl_base, minipost-recipe@extend-mea
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> tuple[Path, list[str]]:  # noqa: F811
-    tmp = tmp_path_factory.mktemp("sib200-latin")
-    recipe = [entry for entry in load_experiment(LATIN, []).sweep if "adapt.vocabulary=extend" in entry]
-    assert len(recipe) == 2
-    args = ["sweep=[" + ",".join(f"'{entry}'" for entry in recipe) + "]",
-            f"runs_dir={tmp / 'runs'}", f"data.prepared_dir={tmp / 'prepared'}", f"data.corpus_dir={DEMO_CORPUS}",
-            f"bridge.source={smollm2}", "target_langs=[fr]", "data.seq_len=32", "data.vocab_size=1000",
-            "data.val_blocks=8", "data.encode_threads=1",
-            *stage_overrides(["bridge", "adapt"], global_batch=4, micro_batch=4, warmup_updates=1, log_every=1),
-            *stage_overrides(["bridge"], updates=2, ckpt_every=2, val_every=2),
-            *stage_overrides(["adapt"], updates=4, ckpt_every=4, val_every=4, ckpt_steps=[1, 2]),
-            f"tasks.sib200.source={small_task(SIB200, tmp / 'sib200', 14)}", "tasks.sib200.max_train_examples=16",
-            "tasks.sib200.max_len=32", "finetune.seeds=[1,2]", "finetune.epochs=1", "finetune.batch_size=8",
-            "finetune.micro_batch=8"]
-    assert main(["run", str(LATIN), *args, "--no-progress"]) == 0
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "unadapted_reference.py"), str(LATIN), *args,
-                           "tasks.sib200.max_len=64"], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return tmp, args
+def study(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+          smollm2: Path) -> Iterator[tuple[Path, list[str]]]:  # noqa: F811
+    with module_scratch(request, tmp_path_factory, "sib200-latin") as tmp:
+        recipe = [entry for entry in load_experiment(LATIN, []).sweep if "adapt.vocabulary=extend" in entry]
+        assert len(recipe) == 2
+        args = ["sweep=[" + ",".join(f"'{entry}'" for entry in recipe) + "]",
+                f"runs_dir={tmp / 'runs'}", f"data.prepared_dir={tmp / 'prepared'}", f"data.corpus_dir={DEMO_CORPUS}",
+                f"bridge.source={smollm2}", "target_langs=[fr]", "data.seq_len=32", "data.vocab_size=1000",
+                "data.val_blocks=8", "data.encode_threads=1",
+                *stage_overrides(["bridge", "adapt"], global_batch=4, micro_batch=4, warmup_updates=1, log_every=1),
+                *stage_overrides(["bridge"], updates=2, ckpt_every=2, val_every=2),
+                *stage_overrides(["adapt"], updates=4, ckpt_every=4, val_every=4, ckpt_steps=[1, 2]),
+                f"tasks.sib200.source={small_task(SIB200, tmp / 'sib200', 14)}", "tasks.sib200.max_train_examples=16",
+                "tasks.sib200.max_len=32", "finetune.seeds=[1,2]", "finetune.epochs=1", "finetune.batch_size=8",
+                "finetune.micro_batch=8"]
+        assert main(["run", str(LATIN), *args, "--no-progress"]) == 0
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "unadapted_reference.py"), str(LATIN), *args,
+                               "tasks.sib200.max_len=64"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        yield tmp, args
 
 
 def results(tmp: Path, name: str) -> list[dict]:
