@@ -612,10 +612,33 @@ def step2_table(figures: dict[str, Any], lang: str, bridge_tag: str = "@lr2e-3",
 
 
 def part_table(args: argparse.Namespace) -> None:
-    """Part (b)'s grid per language, as the markdown tables docs/extensions.md shows (from the JSON alone)."""
+    """Part (b)'s grid per language, as the markdown tables docs/extensions.md shows (from the JSON alone); with
+    ``--into FILE``, each language's table in that file replaced by the new one (``replace_tables``)."""
     figures = json.loads(args.json.read_text())
-    for lang in args.langs:
-        print("\n".join(step2_table(figures, lang)) + "\n")
+    tables = {lang: step2_table(figures, lang) for lang in args.langs}
+    if args.into is None:
+        for table in tables.values():
+            print("\n".join(table) + "\n")
+        return
+    args.into.write_text(replace_tables(args.into.read_text(encoding="utf-8"), tables, args.into), encoding="utf-8")
+    print(f"{args.into}: the step-2 table of {', '.join(tables)} replaced")
+
+
+def replace_tables(text: str, tables: dict[str, list[str]], where: Path | str) -> str:
+    """``text`` with each language's step-2 table (the block of ``|`` lines whose header starts ``| {lang}: start``)
+    replaced by ``tables[lang]``. A language whose table the text lacks, or holds twice, is an error naming ``where``:
+    nothing is written then."""
+    lines = text.split("\n")
+    for lang, table in tables.items():
+        starts = [i for i, line in enumerate(lines) if line.startswith(f"| {lang}: start")]
+        if len(starts) != 1:
+            raise SystemExit(f"{where}: {len(starts)} step-2 tables of {lang!r} (lines starting '| {lang}: start'); "
+                             "expected one to replace")
+        end = starts[0]
+        while end < len(lines) and lines[end].startswith("|"):
+            end += 1
+        lines[starts[0]:end] = table
+    return "\n".join(lines)
 
 
 def _reached(s: dict[str, Any]) -> str:
@@ -633,6 +656,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("part", choices=("layers", "step0", "bridge", "independent", "alignment", "init", "embeddings",
                                     "summary", "table"))
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    p.add_argument("--into", type=Path, help="table: replace each language's step-2 table in this file "
+                                             "(docs/extensions.md) instead of printing it")
     p.add_argument("--redo", action="store_true", help="measure bridge and embeddings rows the JSON already holds "
                                                         "as finished (default: skip them)")
     p.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "recipe_bench")

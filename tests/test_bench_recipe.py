@@ -146,3 +146,24 @@ def test_the_step_2_grid_as_a_markdown_table(bench):
     assert "| random, replace | BL_BASE | not measured |" in table[9]  # a stopped run is not a row
     assert table[-2] == "| overlap, extend | BL_BASE | 2.300 | 1.500 | 1.200 | 1.000 | 3.3e+14 |"
     assert table[-1] == "| SmolLM2's own tokenizer | | 1.077 | | | | |"
+
+
+def test_the_docs_tables_are_replaced_in_place_and_a_missing_one_is_refused(bench, tmp_path):
+    """``table --into docs/extensions.md``: each language's block of table lines replaced, the prose around kept;
+    a file without the table (or with two) is refused and left as it was."""
+    figures = {"embeddings": {"fr": {"smollm2_own_tokenizer": {"nats_per_char": 1.0774},
+                                     "bl_base/mean": step2("bl_base", [1.4, 0.9, 0.8, 0.74], 4.8e11)}}}
+    path = tmp_path / "figures.json"
+    path.write_text(json.dumps(figures))
+    doc = tmp_path / "extensions.md"
+    before = "Prose.\n\n| fr: start, vocabulary | old |\n|---|---|\n| mean | 9 |\n\nAfter the table.\n"
+    doc.write_text(before)
+    assert bench.main(["table", "--json", str(path), "--langs", "fr", "--into", str(doc)]) == 0
+    text = doc.read_text()
+    assert text.startswith("Prose.\n\n| fr: start, vocabulary | system |") and text.endswith("|\n\nAfter the table.\n")
+    assert "| mean, replace | BL_BASE | 1.400 | 0.900 | 0.800 | 0.740 | 2.4e+14 |" in text and "| 9 |" not in text
+    assert text.count("| fr: start") == 1
+    again = text
+    with pytest.raises(SystemExit, match="0 step-2 tables of 'ru'"):
+        bench.main(["table", "--json", str(path), "--langs", "fr,ru", "--into", str(doc)])
+    assert doc.read_text() == again
