@@ -6,7 +6,7 @@
 #     OMP_NUM_THREADS=2 nohup bash benchmarks/recipe_grid.sh > logs/recipe_grid.log 2>&1 &
 # Needs the GGUF (bash scripts/get_smollm2.sh) and the prepared data: minimodel prepare
 # experiments/recipe_smollm2.yaml --langs en,fr,ru, and again with adapt.vocabulary=extend --langs fr,ru.
-# Sections run in the order written: a, c, d, then what is left of b, FOCUS, e.
+# Sections run in the order written: a, c, d, then what is left of b (FOCUS's rows included), e.
 # On a 2-core Intel Xeon: about 22 minutes a bridge trained on the LM loss, 70 a distilled one; 10-15 a MiniPost
 # step 2 of 500 updates, 25-30 a BL_BASE one (the extended vocabulary costs more: its output layer has 52-54k rows).
 # Not in the grid: the lr-1e-3 affine:distill bridge (its row is from another VM; step 2 reads the lr-2e-3 one).
@@ -43,30 +43,35 @@ done
 # (b) step 2: every adapt.init and both vocabularies, 500 updates, over the full model (BL_BASE) and over the
 # mini-model (MiniPost over the lr-2e-3 distilled bridge); mean first, the initialisation the recipe uses. Under
 # extend, random is the overlap start (every piece SmolLM2 has is kept; the new ones start random under both), so
-# extend runs overlap only.
-for inits in mean overlap,random; do
-  for lang in fr ru; do
-    for vocabulary in replace extend; do
-      these=$inits
-      [ "$vocabulary" = extend ] && [ "$inits" != mean ] && these=overlap
-      $B embeddings --depth 12 --systems minipost --inits "$these" --vocabularies "$vocabulary" --langs "$lang" "${LR2[@]}"
-      $B embeddings --depth 12 --systems bl_base --inits "$these" --vocabularies "$vocabulary" --langs "$lang"
+# extend runs overlap only. FOCUS (adapt.init=focus: fastText vectors of the target pieces trained on step 2's text,
+# then FOCUS's mix of SmolLM2's embeddings of the pieces both vocabularies share) last, its step 0 first (minutes;
+# skipped when in the JSON). Every BL_BASE row before any MiniPost row: BL_BASE's rows need no bridge, and a new
+# machine (no runs/) trains the bridge MiniPost's rows read before the first of them (about 70 minutes).
+.venv/bin/python benchmarks/bench_recipe.py init --langs fr,ru --inits focus
+step2() {  # system, inits, vocabulary, language
+  local over=()
+  [ "$1" = minipost ] && over=("${LR2[@]}")
+  $B embeddings --depth 12 --systems "$1" --inits "$2" --vocabularies "$3" --langs "$4" "${over[@]}"
+}
+for system in bl_base minipost; do
+  for inits in mean overlap,random; do
+    for lang in fr ru; do
+      for vocabulary in replace extend; do
+        these=$inits
+        [ "$vocabulary" = extend ] && [ "$inits" != mean ] && these=overlap
+        step2 "$system" "$these" "$vocabulary" "$lang"
+      done
+    done
+  done
+  for vocabulary in replace extend; do
+    for lang in fr ru; do
+      step2 "$system" focus "$vocabulary" "$lang"
     done
   done
 done
 # MiniPost over the LM-trained bridges (French, mean, replaced vocabulary): what the bridge's objective does to step 2
 for bridge in copy:lm affine:lm; do
   $B embeddings --depth 12 --bridge-recipe "$bridge" --systems minipost --inits mean --vocabularies replace --langs fr
-done
-# FOCUS (adapt.init=focus: fastText vectors of the target pieces trained on step 2's text, then FOCUS's mix of
-# SmolLM2's embeddings of the pieces both vocabularies share): its step 0 (minutes; skipped when in the JSON), then
-# step 2 over both systems, replaced vocabulary first, then extended
-.venv/bin/python benchmarks/bench_recipe.py init --langs fr,ru --inits focus
-for vocabulary in replace extend; do
-  for lang in fr ru; do
-    $B embeddings --depth 12 --systems minipost --inits focus --vocabularies "$vocabulary" --langs "$lang" "${LR2[@]}"
-    $B embeddings --depth 12 --systems bl_base --inits focus --vocabularies "$vocabulary" --langs "$lang"
-  done
 done
 # (e) the lever left: does a longer bridge over English, French and Russian close the gap to BL_BASE per FLOP? The
 # bridge of (c) at 2,000 updates (2M tokens, a third of them English), its alignment and MiniPost's French step 2
