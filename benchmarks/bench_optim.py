@@ -3,8 +3,8 @@ training; step 2 over the 12-layer body, embeddings and output bias training), w
 (clipping at 1.0, the finite check) in every variant.
 
 ``trainer.adamw=auto`` picks fused on CUDA (``training/device.py``): this prints what that choice costs or saves
-on the device at hand. On a CPU it shows the CPU kernels only; on a GPU run it there (by hand: ``make gpu-check`` runs ``run_all.py --quick``,
-which leaves it out).
+on the device at hand. On a CPU it shows the CPU kernels only; on a GPU run it there by hand (``make gpu-check`` runs
+``run_all.py --quick``, which leaves it out).
 
     .venv/bin/python benchmarks/bench_optim.py [--quick] [--device cpu|cuda] [--json PATH]
 """
